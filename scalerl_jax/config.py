@@ -1,0 +1,344 @@
+"""Typed, frozen configuration for a whole run.
+
+One root (`RunConfig`) composes one small frozen dataclass per concern. Files in `configs/*.yaml` and dotted
+command-line overrides (`loss.name=dapo`) are parsed and merged by OmegaConf against these dataclasses, so unknown
+keys and wrong types are rejected with the full dotted key before anything compiles; `validate` then checks the
+values that types cannot express (names from a fixed set, ranges, cross-field constraints) and raises one
+`ConfigError` that lists every offending key.
+
+Defaults are the embedded CPU run (configs/cpu_default.yaml mirrors them); the paper's recipe lives in
+configs/scalerl_8b.yaml.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any, Optional, Sequence, Tuple
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+  """A configuration problem; the message names every offending dotted key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  family: str = "dense"  # dense | moe (moe lands with its own issue)
+  vocab_size: int = 32
+  hidden: int = 128
+  intermediate: int = 512
+  num_layers: int = 2
+  num_heads: int = 4
+  num_kv_heads: int = 4
+  head_dim: int = 32  # independent of hidden / num_heads
+  rope_theta: float = 10000.0
+  qk_norm: bool = False
+  tie_embeddings: bool = True
+  norm_eps: float = 1e-6
+  dtype: str = "float32"  # compute dtype: float32 | bfloat16
+  param_dtype: str = "float32"
+  fp32_lm_head: bool = True  # LM-head matmul accumulates and returns fp32 in trainer and sampler
+  max_seq_len: int = 64  # RoPE / KV-cache capacity
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  # Trainer mesh, e.g. "data=1,fsdp=4,tensor=2,expert=1"; one axis may be -1 (inferred from the device count).
+  spec: str = "data=1,fsdp=-1,tensor=1,expert=1"
+  # Devices split off (from the end of jax.devices()) for the generators. 0 = colocated: generators share the
+  # trainer's devices and the two alternate.
+  generator_devices: int = 0
+  # Generator (rollout) mesh over those devices; no FSDP axis in the rollout layout.
+  generator_spec: str = "data=-1,tensor=1"
+
+
+@dataclasses.dataclass(frozen=True)
+class InterruptionConfig:
+  enabled: bool = True
+  think_budget_min: int = 14  # per-sample thinking budget ~ U[min, max] tokens
+  think_budget_max: int = 18
+  answer_budget: int = 8  # tokens allowed after the inserted phrase
+  phrase: str = "|"  # end-of-thinking phrase inserted when the budget is hit (its tokens carry no loss)
+  end_marker: str = "|"  # the model's own end-of-thinking marker
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  max_slots: int = 256  # concurrent decode slots
+  max_prefill_len: int = 16
+  prefill_buckets: Tuple[int, ...] = (8, 16)
+  max_new_tokens: int = 24
+  decode_chunk: int = 8  # decode steps fused into one jitted call
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0  # 0 = off
+  interruption: InterruptionConfig = dataclasses.field(default_factory=InterruptionConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  name: str = "cispo"  # cispo | reinforce | grpo | ppo | dapo | gspo
+  aggregation: str = "prompt"  # prompt | sample | token | seq_mean_token_sum
+  adv_norm: str = "batch"  # batch | prompt | none
+  leave_one_out: bool = False
+  eps_max: float = 4.0  # CISPO / REINFORCE absolute cap on the importance ratio
+  eps_low: float = 0.2  # PPO / GRPO / DAPO lower clip
+  eps_high: float = 0.28  # DAPO upper clip (grpo/ppo use eps_low for both sides)
+  dual_clip: Optional[float] = None  # DAPO/PPO dual-clip constant c (> 1) for negative advantages
+  gspo_eps_low: float = 3e-3
+  gspo_eps_high: float = 5e-3
+  log_ratio_clamp: float = 20.0  # |log pi - log pi_gen| clamped before exp
+  kl_coef: float = 0.0
+  kl_estimator: str = "k3"  # k1 | k3
+  zero_variance_filter: bool = True
+  exclude_truncated: bool = True
+  length_penalty: bool = False  # DAPO overlong penalty (the paper's loo-lp), added to correct samples only
+  length_penalty_max: int = 24  # L_max
+  length_penalty_cache: int = 4  # L_cache
+  adv_eps: float = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class NPRConfig:
+  enabled: bool = True
+  threshold: float = 0.9
+  min_observations: int = 1
+  history: str = "last"  # last | cumulative
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  task: str = "addition"  # addition | countdown | file
+  path: str = ""  # JSONL or Parquet, for task=file
+  prompt_field: str = "prompt"
+  answer_field: str = "answer"
+  id_field: str = ""  # empty: a stable id is derived from the row's content
+  tokenizer: str = "char"  # char | path to a tokenizer.json
+  chat_template: str = ""
+  digits: int = 3  # built-in tasks' difficulty knob
+  num_train: int = 20000  # built-in tasks: training pool size
+  num_eval: int = 512  # held-out prompts
+  prompts_per_step: int = 64
+  samples_per_prompt: int = 8
+  seed: int = 0
+  skip_bad_rows: bool = False
+  long_prompts: str = "error"  # error | truncate | skip
+  reward_fn: str = ""  # dotted path; empty = the task's own verifier
+  reward_timeout_s: float = 5.0
+  failure_reward: float = 0.0
+  reward_scale: str = "01"  # 01 | pm1
+  npr: NPRConfig = dataclasses.field(default_factory=NPRConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  lr: float = 1e-3
+  warmup_steps: int = 0
+  weight_decay: float = 0.01
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-15
+  grad_clip: float = 1.0  # global-norm clip; 0 = off
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartConfig:
+  enabled: bool = True
+  lr: float = 3e-3
+  batch_size: int = 128
+  max_steps: int = 400
+  eval_every: int = 10
+  target_pass_rate: float = 0.15  # stop once mean@n on a separate split reaches this
+  cache_dir: str = "~/.cache/scalerl_jax/warmstart"
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+  mode: str = "pipeline"  # pipeline (PipelineRL-k) | ppo_offpolicy (PPO-off-policy-k) | sync
+  max_lag: int = 8  # k
+  steps: int = 120
+  micro_batches: int = 1
+  eval_every: int = 10
+  eval_samples: int = 8  # n in mean@n
+  eval_temperature: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  every_steps: int = 50
+  keep: int = 2
+  resume: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingConfig:
+  tensorboard: bool = True
+  progress: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class CurveFitConfig:
+  x: str = "accelerator_seconds"  # accelerator_seconds | flops
+  fit_upto: float = 0.5
+  c_min: float = 0.0
+  bayes: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  run_dir: str = "runs/cpu_default"
+  seed: int = 0
+  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+  mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+  rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+  loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+  warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
+  pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
+  checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+  logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+  curve_fit: CurveFitConfig = dataclasses.field(default_factory=CurveFitConfig)
+
+
+CONFIG_GROUPS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in ("run_dir", "seed"))
+
+# Names chosen by one key each.
+CHOICES = {
+    "model.family": ("dense",),
+    "model.dtype": ("float32", "bfloat16"),
+    "model.param_dtype": ("float32", "bfloat16"),
+    "loss.name": ("cispo", "reinforce", "grpo", "ppo", "dapo", "gspo"),
+    "loss.aggregation": ("prompt", "sample", "token", "seq_mean_token_sum"),
+    "loss.adv_norm": ("batch", "prompt", "none"),
+    "loss.kl_estimator": ("k1", "k3"),
+    "data.task": ("addition", "countdown", "file"),
+    "data.long_prompts": ("error", "truncate", "skip"),
+    "data.reward_scale": ("01", "pm1"),
+    "data.npr.history": ("last", "cumulative"),
+    "pipeline.mode": ("pipeline", "ppo_offpolicy", "sync"),
+    "curve_fit.x": ("accelerator_seconds", "flops"),
+}
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+  for part in dotted.split("."):
+    cfg = getattr(cfg, part)
+  return cfg
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+  """Checks values that types cannot; raises one ConfigError naming every bad key."""
+  errors: list[str] = []
+
+  def need(ok: bool, key: str, msg: str) -> None:
+    if not ok:
+      errors.append(f"{key}: {msg} (got {_get(cfg, key)!r})")
+
+  for key, options in CHOICES.items():
+    need(_get(cfg, key) in options, key, f"must be one of {', '.join(options)}")
+  m = cfg.model
+  for key in ("vocab_size", "hidden", "intermediate", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+              "max_seq_len"):
+    need(getattr(m, key) > 0, f"model.{key}", "must be positive")
+  need(m.num_kv_heads > 0 and m.num_heads % max(m.num_kv_heads, 1) == 0, "model.num_kv_heads",
+       f"must divide model.num_heads={m.num_heads}")
+  need(m.head_dim % 2 == 0, "model.head_dim", "must be even (RoPE rotates pairs)")
+  need(m.rope_theta > 0, "model.rope_theta", "must be positive")
+  r = cfg.rollout
+  need(r.max_slots > 0, "rollout.max_slots", "must be positive")
+  need(r.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)")
+  need(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+  need(r.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)")
+  need(r.decode_chunk > 0, "rollout.decode_chunk", "must be positive")
+  need(r.max_new_tokens > 0, "rollout.max_new_tokens", "must be positive")
+  need(len(r.prefill_buckets) > 0 and list(r.prefill_buckets) == sorted(r.prefill_buckets)
+       and r.prefill_buckets[-1] == r.max_prefill_len, "rollout.prefill_buckets",
+       f"must be increasing and end at rollout.max_prefill_len={r.max_prefill_len}")
+  need(r.max_prefill_len + r.max_new_tokens <= m.max_seq_len, "model.max_seq_len",
+       f"must hold rollout.max_prefill_len + rollout.max_new_tokens = {r.max_prefill_len + r.max_new_tokens}")
+  it = r.interruption
+  need(0 < it.think_budget_min <= it.think_budget_max, "rollout.interruption.think_budget_min",
+       f"must be in [1, think_budget_max={it.think_budget_max}]")
+  need(it.answer_budget > 0, "rollout.interruption.answer_budget", "must be positive")
+  l = cfg.loss
+  need(l.eps_max > 0, "loss.eps_max", "must be positive (absolute cap on the ratio)")
+  need(0 < l.eps_low < 1, "loss.eps_low", "must be in (0, 1)")
+  need(l.eps_high > 0, "loss.eps_high", "must be positive")
+  need(l.dual_clip is None or l.dual_clip > 1, "loss.dual_clip", "must be > 1 or null")
+  need(l.log_ratio_clamp > 0, "loss.log_ratio_clamp", "must be positive")
+  need(l.kl_coef >= 0, "loss.kl_coef", "must be >= 0")
+  need(0 < l.length_penalty_cache < l.length_penalty_max, "loss.length_penalty_cache",
+       f"must be in (0, loss.length_penalty_max={l.length_penalty_max})")
+  d = cfg.data
+  need(d.prompts_per_step > 0, "data.prompts_per_step", "must be positive")
+  need(d.samples_per_prompt > 1, "data.samples_per_prompt", "must be >= 2 (advantages are group-relative)")
+  need(d.task != "file" or bool(d.path), "data.path", "is required when data.task=file")
+  need(d.reward_timeout_s > 0, "data.reward_timeout_s", "must be positive")
+  need(0 < d.npr.threshold <= 1, "data.npr.threshold", "must be in (0, 1]")
+  need(d.npr.min_observations >= 1, "data.npr.min_observations", "must be >= 1")
+  o = cfg.optimizer
+  need(o.lr > 0, "optimizer.lr", "must be positive")
+  need(o.warmup_steps >= 0, "optimizer.warmup_steps", "must be >= 0")
+  need(o.eps > 0, "optimizer.eps", "must be positive")
+  need(o.grad_clip >= 0, "optimizer.grad_clip", "must be >= 0 (0 = off)")
+  p = cfg.pipeline
+  need(p.max_lag >= 0, "pipeline.max_lag", "must be >= 0")
+  need(p.mode != "ppo_offpolicy" or p.max_lag >= 1, "pipeline.max_lag", "must be >= 1 for ppo_offpolicy")
+  need(p.steps > 0, "pipeline.steps", "must be positive")
+  need(p.micro_batches > 0 and d.prompts_per_step % p.micro_batches == 0, "pipeline.micro_batches",
+       f"must divide data.prompts_per_step={d.prompts_per_step}")
+  need(p.eval_samples > 0, "pipeline.eval_samples", "must be positive")
+  need(0 < cfg.curve_fit.fit_upto <= 1, "curve_fit.fit_upto", "must be in (0, 1]")
+  need(cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1")
+  need(cfg.mesh.generator_devices >= 0, "mesh.generator_devices", "must be >= 0")
+  if errors:
+    raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+  return cfg
+
+
+def _clean(exc: OmegaConfBaseException, source: str) -> ConfigError:
+  key = getattr(exc, "full_key", None)
+  msg = str(exc).splitlines()[0]
+  where = f" in {source}" if source else ""
+  return ConfigError(f"{key}: {msg}{where}" if key else f"{msg}{where}")
+
+
+def load_config(path: Optional[str | pathlib.Path] = None, overrides: Sequence[str] = ()) -> RunConfig:
+  """Defaults <- YAML file <- dotted overrides (`loss.name=dapo`), typed and validated.
+
+  Raises ConfigError naming the offending key (and the file or override it came from).
+  """
+  merged = OmegaConf.structured(RunConfig)
+  if path is not None:
+    path = pathlib.Path(path)
+    if not path.is_file():
+      raise ConfigError(f"config file not found: {path}")
+    try:
+      loaded = OmegaConf.load(path)
+      merged = OmegaConf.merge(merged, loaded)
+    except OmegaConfBaseException as exc:
+      raise _clean(exc, str(path)) from None
+  for item in overrides:
+    if "=" not in item:
+      raise ConfigError(f"override {item!r} is not of the form key=value")
+    try:
+      merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+    except OmegaConfBaseException as exc:
+      raise _clean(exc, f"override {item!r}") from None
+  try:
+    cfg = OmegaConf.to_object(merged)
+  except OmegaConfBaseException as exc:
+    raise _clean(exc, "") from None
+  return validate(cfg)
+
+
+def to_dict(cfg: RunConfig) -> dict:
+  return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: RunConfig) -> str:
+  return OmegaConf.to_yaml(OmegaConf.structured(cfg))

@@ -1,0 +1,10 @@
+"""Test configuration: 8 fake CPU devices, set before jax is imported anywhere."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402  (after XLA_FLAGS on purpose)
+
+jax.config.update("jax_default_matmul_precision", "highest")
