@@ -1,0 +1,117 @@
+"""The functional face of the policy: params as a plain nested dict, pure functions over it.
+
+The trainer and the rollout engine both use `Policy`: params are passed explicitly on every call, so a weight
+swap is passing a new pytree with the same shapes and shardings (no recompilation). `token_logprobs` is the one
+function from (params, tokens) to per-token log-probabilities used on both sides.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from scalerl_jax.config import ModelConfig
+from scalerl_jax.model.transformer import LayerCache, Transformer, _dtype
+
+Params = Any  # nested dict of arrays
+
+
+class Policy:
+  """Stateless wrapper: `init`, `forward`, `logits`, `init_cache`, plus the param tree's logical axes."""
+
+  def __init__(self, cfg: ModelConfig):
+    self.cfg = cfg
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(0)))
+    self.graphdef, abstract_state = nnx.split(abstract)
+    self._state_treedef = jax.tree.structure(abstract_state)
+    self.param_shapes = nnx.to_pure_dict(abstract_state)  # ShapeDtypeStructs
+    self._params_treedef = jax.tree.structure(self.param_shapes)
+    variables = jax.tree.leaves(abstract_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    self.logical_axes = jax.tree.unflatten(self._params_treedef,
+                                           [v.get_metadata()["logical_axes"] for v in variables])
+
+  def init(self, seed: int | jax.Array) -> Params:
+    """Fresh params. Pure: wrap in jit with out_shardings so nothing is materialised unsharded."""
+    key = seed if isinstance(seed, jax.Array) else jax.random.key(seed)
+    return nnx.to_pure_dict(nnx.state(Transformer(self.cfg, nnx.Rngs(params=key))))
+
+  def module(self, params: Params) -> Transformer:
+    if jax.tree.structure(params) != self._params_treedef:
+      raise ValueError("params do not match this model's structure: "
+                       f"expected {self._params_treedef}, got {jax.tree.structure(params)}")
+    state = jax.tree.unflatten(self._state_treedef, jax.tree.leaves(params))
+    return nnx.merge(self.graphdef, state)
+
+  def forward(self, params: Params, tokens_BT, positions_BT=None, cache: Optional[list[LayerCache]] = None):
+    """Hidden states [B, T, D] and the per-layer KV (the cache updated in place when one is given)."""
+    if positions_BT is None:
+      positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
+    return self.module(params)(tokens_BT, positions_BT, cache)
+
+  def logits(self, params: Params, h_BTD):
+    return self.module(params).logits(h_BTD)
+
+  def init_cache(self, batch: int, length: int) -> list[LayerCache]:
+    c = self.cfg
+    shape = (batch, length, c.num_kv_heads, c.head_dim)
+    zeros = lambda: jnp.zeros(shape, _dtype(c.dtype))
+    return [LayerCache(zeros(), zeros()) for _ in range(c.num_layers)]
+
+
+def _gather_logprobs(logits_BTV, targets_BT, temperature: float):
+  logits_BTV = logits_BTV.astype(jnp.float32)
+  if temperature != 1.0:
+    logits_BTV = logits_BTV / temperature
+  logz_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+  picked_BT = jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
+  return picked_BT - logz_BT
+
+
+def token_logprobs(policy: Policy, params: Params, tokens_BT, temperature: float = 1.0):
+  """logp[b, t] = log softmax(logits(tokens[b, :t]) / temperature)[tokens[b, t]]; logp[:, 0] = 0.
+
+  The sampler computes the same quantity token by token (same LM head, same temperature); the trainer's
+  importance ratio compares the two. Top-p / top-k truncation is not replicated here: with them on, the
+  sampler's recorded log-probs are of the truncated distribution and the ratio absorbs the difference.
+  """
+  h_BTD, _ = policy.forward(params, tokens_BT)
+  logp_BT1 = _gather_logprobs(policy.logits(params, h_BTD[:, :-1]), tokens_BT[:, 1:], temperature)
+  return jnp.pad(logp_BT1, ((0, 0), (1, 0)))
+
+
+def next_token_loss(policy: Policy, params: Params, tokens_BT, weights_BT):
+  """Supervised loss (sum of weighted token NLL) for warm starts and foundation tests; additive over
+  micro-batches when `weights_BT` is normalised by the global count."""
+  logp_BT = token_logprobs(policy, params, tokens_BT)
+  return -jnp.sum(logp_BT * weights_BT), {"tokens": jnp.sum(weights_BT > 0)}
+
+
+def param_count(cfg: ModelConfig) -> int:
+  """Analytic parameter count (equals the initialised tree's size; checked in tests)."""
+  D, F, N, K, H, V, L = (cfg.hidden, cfg.intermediate, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                         cfg.vocab_size, cfg.num_layers)
+  attn = D * N * H + 2 * D * K * H + N * H * D + (2 * H if cfg.qk_norm else 0)
+  block = attn + 3 * D * F + 2 * D
+  return V * D + L * block + D + (0 if cfg.tie_embeddings else D * V)
+
+
+def flops_per_token(cfg: ModelConfig, context: int, backward: bool = False) -> float:
+  """Analytic matmul FLOPs for one token attending to `context` earlier positions.
+
+  forward = 2 * (matmul params, LM head included) + 4 * L * N * H * context (QK^T and PV);
+  forward + backward = 3x forward.
+  """
+  D, F, N, K, H, V, L = (cfg.hidden, cfg.intermediate, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                         cfg.vocab_size, cfg.num_layers)
+  matmul_params = L * (D * N * H + 2 * D * K * H + N * H * D + 3 * D * F) + D * V
+  fwd = 2.0 * matmul_params + 4.0 * L * N * H * context
+  return 3.0 * fwd if backward else fwd
+
+
+@functools.lru_cache(maxsize=None)
+def policy_for(cfg: ModelConfig) -> Policy:
+  return Policy(cfg)

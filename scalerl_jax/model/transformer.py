@@ -1,0 +1,182 @@
+"""Dense decoder-only policy (Llama / Qwen3 family) in Flax NNX.
+
+Shape legend (array names carry their shape as a suffix; einsum strings use the same letters):
+  B batch (rows or decode slots)   T query tokens in this call   S key/value positions (cache length)
+  D hidden                         N query heads                 K key/value heads
+  H head dim (independent of D/N)  F MLP width                   V vocabulary   G = N // K query heads per KV head
+
+Parameters carry *logical* axis names as metadata (`logical_axes`); `scalerl_jax.mesh` maps them to mesh axes.
+This module never names a mesh axis and holds no parallelism code.
+
+The KV cache is an explicit pytree argument and result (not module state), so the rollout engine can keep one
+cache per decode slot, pass params on every call, and swap params between calls without touching the cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from scalerl_jax.config import ModelConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LayerCache:
+  k_BSKH: jax.Array
+  v_BSKH: jax.Array
+
+
+def _dtype(name: str):
+  return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
+
+
+def _param(rngs: nnx.Rngs, shape, axes, scale: float, dtype) -> nnx.Param:
+  init = jax.nn.initializers.normal(stddev=scale)
+  return nnx.Param(init(rngs.params(), shape, dtype), logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+
+  def __init__(self, dim: int, eps: float, param_dtype):
+    self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=("norm",))
+    self.eps = eps
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(x_BTnH, positions_BT, theta: float):
+  """Rotary embedding on the two halves of the head dim (the Llama/Qwen 'rotate_half' layout)."""
+  half = x_BTnH.shape[-1] // 2
+  freq_h = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angle_BTh = positions_BT[..., None].astype(jnp.float32) * freq_h
+  sin, cos = jnp.sin(angle_BTh)[:, :, None, :], jnp.cos(angle_BTh)[:, :, None, :]
+  x1, x2 = jnp.split(x_BTnH.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BTnH.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query attention with optional QK-norm and an explicit KV cache."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    D, N, K, H = cfg.hidden, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    pd = _dtype(cfg.param_dtype)
+    self.q = _param(rngs, (D, N, H), ("embed", "heads", "head_dim"), D ** -0.5, pd)
+    self.k = _param(rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), D ** -0.5, pd)
+    self.v = _param(rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), D ** -0.5, pd)
+    self.o = _param(rngs, (N, H, D), ("heads", "head_dim", "embed"), (N * H) ** -0.5 / (2 * cfg.num_layers) ** 0.5,
+                    pd)
+    self.q_norm = RMSNorm(H, cfg.norm_eps, pd) if cfg.qk_norm else None
+    self.k_norm = RMSNorm(H, cfg.norm_eps, pd) if cfg.qk_norm else None
+    self.cfg = cfg
+
+  def __call__(self, x_BTD, positions_BT, cache: Optional[LayerCache]):
+    cfg, dt = self.cfg, _dtype(self.cfg.dtype)
+    q_BTNH = jnp.einsum("BTD,DNH->BTNH", x_BTD, self.q[...].astype(dt))
+    k_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, self.k[...].astype(dt))
+    v_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, self.v[...].astype(dt))
+    if self.q_norm is not None:
+      q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
+    q_BTNH = rope(q_BTNH, positions_BT, cfg.rope_theta)
+    k_BTKH = rope(k_BTKH, positions_BT, cfg.rope_theta)
+
+    if cache is None:  # full causal self-attention over this call's tokens (training, prefill)
+      keys_BSKH, values_BSKH = k_BTKH, v_BTKH
+      key_pos_BS = positions_BT
+      new_cache = LayerCache(k_BTKH, v_BTKH)
+    else:  # write this call's keys at their absolute positions, then attend over the whole cache
+      B, T = positions_BT.shape
+      rows_BT = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
+      keys_BSKH = cache.k_BSKH.at[rows_BT, positions_BT].set(k_BTKH.astype(cache.k_BSKH.dtype), mode="drop")
+      values_BSKH = cache.v_BSKH.at[rows_BT, positions_BT].set(v_BTKH.astype(cache.v_BSKH.dtype), mode="drop")
+      key_pos_BS = jnp.broadcast_to(jnp.arange(keys_BSKH.shape[1])[None, :], (B, keys_BSKH.shape[1]))
+      new_cache = LayerCache(keys_BSKH, values_BSKH)
+
+    B, T, N, H = q_BTNH.shape
+    K = keys_BSKH.shape[2]
+    q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
+    logits_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, keys_BSKH.astype(dt),
+                              preferred_element_type=jnp.float32) * (H ** -0.5)
+    # A query at absolute position p sees keys at positions <= p. With a cache, positions beyond a slot's
+    # current length hold stale or zero keys and are excluded by the same test.
+    mask_BTS = key_pos_BS[:, None, :] <= positions_BT[:, :, None]
+    logits_BKGTS = jnp.where(mask_BTS[:, None, None], logits_BKGTS, jnp.finfo(jnp.float32).min)
+    probs_BKGTS = jax.nn.softmax(logits_BKGTS, axis=-1).astype(dt)
+    out_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, values_BSKH.astype(dt))
+    out_BTD = jnp.einsum("BTNH,NHD->BTD", out_BTKGH.reshape(B, T, N, H), self.o[...].astype(dt))
+    return out_BTD, new_cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(x W_gate) * (x W_up))."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    D, F = cfg.hidden, cfg.intermediate
+    pd = _dtype(cfg.param_dtype)
+    self.gate = _param(rngs, (D, F), ("embed", "mlp"), D ** -0.5, pd)
+    self.up = _param(rngs, (D, F), ("embed", "mlp"), D ** -0.5, pd)
+    self.down = _param(rngs, (F, D), ("mlp", "embed"), F ** -0.5 / (2 * cfg.num_layers) ** 0.5, pd)
+    self.dtype = _dtype(cfg.dtype)
+
+  def __call__(self, x_BTD):
+    dt = self.dtype
+    g_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, self.gate[...].astype(dt))
+    u_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, self.up[...].astype(dt))
+    return jnp.einsum("BTF,FD->BTD", jax.nn.silu(g_BTF) * u_BTF, self.down[...].astype(dt))
+
+
+class Block(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    pd = _dtype(cfg.param_dtype)
+    self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps, pd)
+    self.attn = Attention(cfg, rngs)
+    self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps, pd)
+    self.mlp = MLP(cfg, rngs)
+
+  def __call__(self, x_BTD, positions_BT, cache):
+    h_BTD, cache = self.attn(self.attn_norm(x_BTD), positions_BT, cache)
+    x_BTD = x_BTD + h_BTD
+    return x_BTD + self.mlp(self.mlp_norm(x_BTD)), cache
+
+
+class Transformer(nnx.Module):
+  """Embeddings -> blocks -> final norm. `__call__` returns hidden states; `logits` applies the LM head."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    pd = _dtype(cfg.param_dtype)
+    self.cfg = cfg
+    self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden), ("vocab", "embed"), 1.0, pd)
+    self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+    self.final_norm = RMSNorm(cfg.hidden, cfg.norm_eps, pd)
+    self.lm_head = None if cfg.tie_embeddings else _param(
+        rngs, (cfg.hidden, cfg.vocab_size), ("embed", "vocab"), cfg.hidden ** -0.5, pd)
+
+  def __call__(self, tokens_BT, positions_BT, cache: Optional[list[LayerCache]] = None):
+    x_BTD = self.embed[...].astype(_dtype(self.cfg.dtype))[tokens_BT]
+    new_cache = []
+    for i, block in enumerate(self.blocks):
+      x_BTD, layer_cache = block(x_BTD, positions_BT, None if cache is None else cache[i])
+      new_cache.append(layer_cache)
+    return self.final_norm(x_BTD), new_cache
+
+  def logits(self, h_BTD):
+    """LM head. With `fp32_lm_head` both operands are fp32 and the matmul accumulates and returns fp32."""
+    cfg = self.cfg
+    if cfg.tie_embeddings:
+      w_DV, spec = self.embed[...], "BTD,VD->BTV"
+    else:
+      w_DV, spec = self.lm_head[...], "BTD,DV->BTV"
+    if cfg.fp32_lm_head:
+      return jnp.einsum(spec, h_BTD.astype(jnp.float32), w_DV.astype(jnp.float32),
+                        precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    dt = _dtype(cfg.dtype)
+    return jnp.einsum(spec, h_BTD.astype(dt), w_DV.astype(dt)).astype(jnp.float32)
