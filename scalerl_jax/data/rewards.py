@@ -1,0 +1,208 @@
+"""Reward functions and the runner that makes any of them safe to call from a training run.
+
+A reward function is `fn(completion: str, answer: str) -> float | bool`, returning a correctness score in [0, 1].
+`RewardRunner` maps it to the configured scale (`01`: r, `pm1`: 2r - 1, the paper's +-1) and guarantees that a
+call never raises and never hangs the run: a call that raises, returns something that is not a finite number, or
+runs past `timeout_s` is scored with `failure_reward` (used as configured, not rescaled) and counted.
+
+How time is bounded: the batch is scored in order on one daemon worker thread while the caller watches the clock of
+the current call. When a call overruns, the caller scores it as a failure, abandons that worker (it is a daemon, so a
+call that never returns cannot block interpreter exit) and starts a fresh worker on the next completion. Python
+cannot kill a thread, so an abandoned call keeps running in the background until it returns; `abandoned_threads`
+counts them. Threads, not processes, because math-verify's own `signal.alarm` timeouts only work on the main thread
+and forking a process that holds a JAX runtime is unsafe; we call math-verify with its timeouts off.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import threading
+import time
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from scalerl_jax.data.tokenizer import END_MARKER, EOS_CHAR
+
+RewardFn = Callable[[str, str], float]
+
+
+def final_answer(completion: str, end_marker: str = END_MARKER, eos: str = EOS_CHAR) -> Optional[str]:
+  """The text after the last `end_marker`, up to the first `eos` (or the end); None without a marker."""
+  text = completion.split(eos, 1)[0] if eos else completion
+  if end_marker not in text:
+    return None
+  return text.rsplit(end_marker, 1)[1]
+
+
+def exact_match_reward(completion: str, answer: str) -> float:
+  """1 if the final answer (after the last '|', before '$') equals `answer` character for character."""
+  return float(final_answer(completion) == answer)
+
+
+class _DropTimeoutWarning(logging.Filter):
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "Timeout is disabled" not in record.getMessage()
+
+
+_mv_lock = threading.Lock()
+_mv_ready = False
+
+
+def _math_verify():
+  global _mv_ready
+  import math_verify
+
+  with _mv_lock:
+    if not _mv_ready:  # math-verify warns on every call made with its timeouts off; we bound time ourselves
+      for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).addFilter(_DropTimeoutWarning())
+      _mv_ready = True
+  return math_verify
+
+
+def math_verify_reward(completion: str, answer: str) -> float:
+  """1 if the completion's final answer (boxed, or a final-answer phrase, or the last expression) is
+  mathematically equivalent to `answer` per math-verify. Thinking up to the last `</think>` is dropped; a GSM8K
+  answer ("... #### 72") is reduced to what follows the last "####"."""
+  mv = _math_verify()
+  if "</think>" in completion:
+    completion = completion.rsplit("</think>", 1)[1]
+  gold_text = answer.rsplit("####", 1)[1].strip() if "####" in answer else answer.strip()
+  if not gold_text or not completion.strip():
+    return 0.0
+  gold = []
+  if "$" not in gold_text and "\\boxed" not in gold_text:
+    gold = mv.parse(f"${gold_text}$", parsing_timeout=None)
+  if not gold:
+    gold = mv.parse(gold_text, parsing_timeout=None)
+  pred = mv.parse(completion, parsing_timeout=None)
+  if not gold or not pred:
+    return 0.0
+  return float(mv.verify(gold, pred, timeout_seconds=None))
+
+
+def load_reward_fn(dotted: str) -> RewardFn:
+  """`package.module.function` or `package.module:function` -> the function."""
+  module_name, sep, attr = dotted.partition(":")
+  if not sep:
+    module_name, _, attr = dotted.rpartition(".")
+  if not module_name or not attr:
+    raise ValueError(f"data.reward_fn: {dotted!r} is not a dotted path like 'package.module.function'")
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as exc:
+    raise ValueError(f"data.reward_fn: cannot import module {module_name!r} ({exc})") from None
+  fn = getattr(module, attr, None)
+  if not callable(fn):
+    raise ValueError(f"data.reward_fn: {module_name!r} has no function {attr!r}")
+  return fn
+
+
+class _Batch:
+  """Shared between the caller and the worker threads of one `score` call (guarded by `cond`)."""
+
+  def __init__(self, n: int):
+    self.cond = threading.Condition()
+    self.next = 0  # index of the call in progress (or next to start)
+    self.started = time.monotonic()  # when call `next` started
+    self.generation = 0  # bumped when a worker is abandoned; a stale worker exits without writing
+    self.values = np.zeros(n, np.float64)
+    self.ok = np.zeros(n, bool)
+    self.timed_out = np.zeros(n, bool)
+    self.first_error: Optional[str] = None
+
+
+class RewardRunner:
+  """Scores batches with `fn`; never raises, never waits more than about `timeout_s` on one call."""
+
+  def __init__(self, fn: RewardFn, timeout_s: float = 5.0, failure_reward: float = 0.0, scale: str = "01"):
+    if scale not in ("01", "pm1"):
+      raise ValueError(f"data.reward_scale must be 01 or pm1, got {scale!r}")
+    if timeout_s <= 0:
+      raise ValueError(f"data.reward_timeout_s must be positive, got {timeout_s}")
+    self.fn = fn
+    self.timeout_s = float(timeout_s)
+    self.failure_reward = float(failure_reward)
+    self.scale = scale
+    # Totals since construction, for metrics.
+    self.calls = 0
+    self.errors = 0
+    self.timeouts = 0
+    self.abandoned_threads = 0
+    self.last_error: Optional[str] = None
+
+  def _work(self, batch: _Batch, generation: int, completions: Sequence[str], answers: Sequence[str]) -> None:
+    while True:
+      with batch.cond:
+        if batch.generation != generation or batch.next >= len(completions):
+          return
+        i = batch.next
+        batch.started = time.monotonic()
+      value, error = math.nan, None
+      try:
+        raw = self.fn(completions[i], answers[i])
+        value = float(raw) if isinstance(raw, (bool, int, float, np.number)) else math.nan
+        if not math.isfinite(value):
+          error = f"reward returned {raw!r}, not a finite number"
+      except Exception as exc:  # any failure of user code is scored, never raised
+        error = f"{type(exc).__name__}: {exc}"
+      with batch.cond:
+        if batch.generation != generation:
+          return  # abandoned after a timeout: the caller already scored this call
+        batch.values[i] = value
+        batch.ok[i] = error is None
+        if error is not None and batch.first_error is None:
+          batch.first_error = error
+        batch.next = i + 1
+        batch.cond.notify_all()
+
+  def _spawn(self, batch: _Batch, completions, answers) -> None:
+    threading.Thread(target=self._work, args=(batch, batch.generation, completions, answers), daemon=True,
+                     name="reward-worker").start()
+
+  def score(self, completions: Sequence[str], answers: Sequence[str]) -> tuple[np.ndarray, int]:
+    """Rewards float32[n] on the configured scale, and how many calls failed (raised, bad value or timed out)."""
+    n = len(completions)
+    if len(answers) != n:
+      raise ValueError(f"{n} completions but {len(answers)} answers")
+    if n == 0:
+      return np.zeros(0, np.float32), 0
+    batch = _Batch(n)
+    with batch.cond:
+      self._spawn(batch, completions, answers)
+      while batch.next < n:
+        left = batch.started + self.timeout_s - time.monotonic()
+        if left > 0:
+          batch.cond.wait(left)
+          continue
+        batch.timed_out[batch.next] = True
+        batch.next += 1
+        batch.generation += 1
+        batch.started = time.monotonic()
+        self.abandoned_threads += 1
+        if batch.next < n:
+          self._spawn(batch, completions, answers)
+    raw = np.where(batch.ok, batch.values, 0.0)
+    scaled = raw if self.scale == "01" else 2.0 * raw - 1.0
+    rewards = np.where(batch.ok, scaled, self.failure_reward).astype(np.float32)
+    timeouts = int(batch.timed_out.sum())
+    failures = int((~batch.ok).sum())
+    self.calls += n
+    self.timeouts += timeouts
+    self.errors += failures - timeouts
+    if batch.first_error is not None:
+      self.last_error = batch.first_error
+    return rewards, failures
+
+  def metrics(self) -> dict[str, float]:
+    return {"reward/calls": self.calls, "reward/errors": self.errors, "reward/timeouts": self.timeouts,
+            "reward/abandoned_threads": self.abandoned_threads}
+
+
+def make_reward_runner(cfg, task_reward: RewardFn) -> RewardRunner:
+  """From a DataConfig: `data.reward_fn` (dotted path) if set, else the task's own verifier."""
+  fn = load_reward_fn(cfg.reward_fn) if cfg.reward_fn else task_reward
+  return RewardRunner(fn, cfg.reward_timeout_s, cfg.failure_reward, cfg.reward_scale)

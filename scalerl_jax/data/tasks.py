@@ -1,0 +1,251 @@
+"""Verifiable tasks: two built-in ones generated from a seed, and user files.
+
+Every task gives Records for its splits, a verifier `reward(completion, answer) -> float in [0, 1]` and, for the
+built-in tasks, the reference worked completion `solution(record)` for a supervised warm start.
+
+Built-in splits, disjoint by prompt text (checked at construction):
+  - eval            `num_eval` prompts, the held-out set for mean@n / pass@k. Never trained on, by RL or warm start.
+  - warmstart_val   `num_warmstart_val` (256) prompts on which the warm start measures its pass rate to stop.
+  - train           up to `num_train` prompts: the RL prompt pool; the warm start also trains on (prompt, solution)
+                    pairs drawn from it.
+The eval and warm-start splits depend only on the task and its knob, not on `data.seed`, so runs with different
+seeds are scored on the same held-out prompts; the training pool is drawn with `data.seed`. When the problem space is
+small, the training pool holds every remaining problem (fewer than `num_train`).
+
+Formats (character vocabulary in tokenizer.py; the prompt is encoded as BOS + text; '|' ends the thinking, '$' is
+EOS):
+  addition (knob `digits` = d): both operands zero-padded to d digits; the work is the zero-padded (d + 1)-digit sum
+    written least-significant digit first, then '|', then the sum in normal order, then '$'.
+        prompt "037+485="   completion "2250|0522$"   answer "0522"
+    Reward: exact match of the text after the last '|' (up to '$') with the zero-padded sum. No '|', no answer.
+  countdown (knob = how many numbers, `data.digits` for the built-in config; numbers 1..9, sorted in the prompt):
+    reach the target with + - * and exact integer /, each number used at most once. The work is a running chain of
+    steps "a op b = r op c = r' ...", then '|', then one expression.
+        prompt "3,5,7>22:"   completion "3*5=15+7=22|3*5+7$"   answer "3,5,7>22"
+    Reward: the expression after the last '|' parses (arith.py), uses each given number at most once, equals the
+    target. The reference chain uses every number once, keeps every intermediate positive, and never divides by 1.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import zlib
+from typing import Callable
+
+import numpy as np
+
+from scalerl_jax.data import arith
+from scalerl_jax.data.rewards import exact_match_reward, final_answer, math_verify_reward
+from scalerl_jax.data.sources import DataError, Record, read_records
+from scalerl_jax.data.tokenizer import END_MARKER, EOS_CHAR
+
+NUM_WARMSTART_VAL = 256
+_SPLIT_SALT = {"eval": 1, "warmstart_val": 2, "train": 3}
+
+
+def _draw(sample: Callable, text_of: Callable, rng: np.random.Generator, k: int, taken: set[str]) -> list:
+  """Up to k problems with prompt texts not in `taken` (which grows), in draw order. Stops early once the space
+  looks exhausted: a round of draws in which fewer than 1 in 50 was new."""
+  out: list = []
+  while len(out) < k:
+    drawn = sample(rng, min(4096, max(64, 2 * (k - len(out)))))
+    added = 0
+    for problem in drawn:
+      text = text_of(problem)
+      if text not in taken:
+        taken.add(text)
+        out.append(problem)
+        added += 1
+        if len(out) == k:
+          break
+    if len(out) < k and added * 50 < len(drawn):
+      break
+  return out
+
+
+class _BuiltinTask:
+  """Split bookkeeping shared by the built-in tasks; subclasses define the problems."""
+
+  name = ""
+
+  def __init__(self, knob: int, seed: int, num_train: int, num_eval: int, num_warmstart_val: int):
+    self.skipped_rows = 0
+    self._solutions: dict[str, str] = {}
+    taken: set[str] = set()
+    splits = {}
+    for split, k in (("eval", num_eval), ("warmstart_val", num_warmstart_val), ("train", num_train)):
+      key = [_SPLIT_SALT[split], zlib.crc32(self.name.encode()), knob] + ([seed] if split == "train" else [])
+      problems = _draw(self._sample, self._text, np.random.default_rng(key), k, taken)
+      if len(problems) < k and split != "train":
+        raise DataError(f"{self.name}: only {len(problems)} distinct problems left for the {split} split of {k}; "
+                        "raise the difficulty knob or lower data.num_eval")
+      if not problems and k:
+        raise DataError(f"{self.name}: no problems left for training after the held-out splits")
+      splits[split] = [self._record(p, split) for p in problems]
+    self._splits = splits
+    texts = [{r.text for r in recs} for recs in splits.values()]
+    assert not (texts[0] & texts[1] or texts[0] & texts[2] or texts[1] & texts[2]), "splits overlap"
+
+  def _record(self, problem, split: str) -> Record:
+    text = self._text(problem)
+    self._solutions[text] = self._solution(problem)
+    return Record(prompt_id=text, text=text, answer=self._answer(problem), where=f"{self.name}:{split}")
+
+  def train_records(self) -> list[Record]:
+    return list(self._splits["train"])
+
+  def eval_records(self) -> list[Record]:
+    return list(self._splits["eval"])
+
+  def warmstart_val_records(self) -> list[Record]:
+    return list(self._splits["warmstart_val"])
+
+  def solution(self, record: Record) -> str:
+    """The reference worked completion, ending with EOS '$'."""
+    return self._solutions[record.text]
+
+
+class AdditionTask(_BuiltinTask):
+  """Fixed-width addition; see the module docstring for the format."""
+
+  name = "addition"
+
+  def __init__(self, digits: int = 3, seed: int = 0, num_train: int = 20000, num_eval: int = 512,
+               num_warmstart_val: int = NUM_WARMSTART_VAL):
+    if not 1 <= digits <= 9:
+      raise DataError(f"data.digits must be in [1, 9] for addition, got {digits}")
+    self.digits = digits
+    super().__init__(digits, seed, num_train, num_eval, num_warmstart_val)
+
+  def _sample(self, rng: np.random.Generator, m: int) -> list[tuple[int, int]]:
+    ab = rng.integers(0, 10**self.digits, size=(m, 2))
+    return [(int(a), int(b)) for a, b in ab]
+
+  def _text(self, p: tuple[int, int]) -> str:
+    return f"{p[0]:0{self.digits}d}+{p[1]:0{self.digits}d}="
+
+  def _answer(self, p: tuple[int, int]) -> str:
+    return f"{p[0] + p[1]:0{self.digits + 1}d}"
+
+  def _solution(self, p: tuple[int, int]) -> str:
+    answer = self._answer(p)
+    return answer[::-1] + END_MARKER + answer + EOS_CHAR
+
+  @staticmethod
+  def reward(completion: str, answer: str) -> float:
+    return exact_match_reward(completion, answer)
+
+
+class CountdownTask(_BuiltinTask):
+  """Reach a target from a few small numbers; see the module docstring for the format."""
+
+  name = "countdown"
+
+  def __init__(self, num_numbers: int = 3, seed: int = 0, num_train: int = 20000, num_eval: int = 512,
+               num_warmstart_val: int = NUM_WARMSTART_VAL, max_number: int = 9):
+    if not 2 <= num_numbers <= 6:
+      raise DataError(f"countdown: the number count (data.digits) must be in [2, 6], got {num_numbers}")
+    self.num_numbers = num_numbers
+    self.max_number = max_number
+    super().__init__(num_numbers, seed, num_train, num_eval, num_warmstart_val)
+
+  def _sample(self, rng: np.random.Generator, m: int) -> list[tuple]:
+    nums_MN = rng.integers(1, self.max_number + 1, size=(m, self.num_numbers))
+    keys_MSO = rng.random((m, self.num_numbers - 1, 4))  # random choice among the valid ops of each step
+    acc_M = nums_MN[:, 0].copy()
+    ops_MS = np.zeros((m, self.num_numbers - 1), np.int64)
+    for s in range(self.num_numbers - 1):
+      x_M = nums_MN[:, s + 1]
+      valid_MO = np.stack([acc_M > 0, acc_M > x_M, acc_M > 0, (x_M > 1) & (acc_M % x_M == 0)], axis=1)
+      ops_MS[:, s] = op_M = np.argmax(np.where(valid_MO, keys_MSO[:, s], -1.0), axis=1)
+      acc_M = np.choose(op_M, [acc_M + x_M, acc_M - x_M, acc_M * x_M, acc_M // x_M])
+    out = []
+    for nums, ops in zip(nums_MN.tolist(), ops_MS.tolist()):
+      acc = nums[0]
+      expr, steps, low_precedence = str(acc), str(acc), False
+      for x, o in zip(nums[1:], ops):
+        op = "+-*/"[o]
+        acc = (acc + x, acc - x, acc * x, acc // x)[o]
+        if o >= 2 and low_precedence:
+          expr = f"({expr})"
+        expr, steps, low_precedence = f"{expr}{op}{x}", f"{steps}{op}{x}={acc}", o < 2
+      out.append((tuple(sorted(nums)), acc, steps, expr))
+    return out
+
+  def _text(self, p: tuple) -> str:
+    return f"{self._answer(p)}:"
+
+  def _answer(self, p: tuple) -> str:
+    return ",".join(map(str, p[0])) + f">{p[1]}"
+
+  def _solution(self, p: tuple) -> str:
+    return f"{p[2]}{END_MARKER}{p[3]}{EOS_CHAR}"
+
+  @staticmethod
+  def reward(completion: str, answer: str) -> float:
+    nums_text, _, target = answer.partition(">")
+    expression = final_answer(completion)
+    if not expression:
+      return 0.0
+    try:
+      value, literals = arith.evaluate(expression)
+    except ValueError:
+      return 0.0
+    allowed = collections.Counter(int(x) for x in nums_text.split(","))
+    used = collections.Counter(literals)
+    return float(value == int(target) and all(used[n] <= allowed[n] for n in used))
+
+
+class FileTask:
+  """Prompts from a JSONL/Parquet file (data.path). `num_eval` rows are held out by a hash of their id (so the
+  split does not depend on the seed or on the file's row order); training rows whose prompt text equals a held-out
+  prompt are dropped (`overlap_dropped`). No reference completions: no warm start. Verifier: math-verify."""
+
+  name = "file"
+
+  def __init__(self, cfg):
+    result = read_records(cfg.path, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
+                          id_field=cfg.id_field, skip_bad_rows=cfg.skip_bad_rows)
+    self.skipped_rows = result.skipped
+    self.bad_row_examples = result.errors
+    records = result.records
+    if len(records) <= cfg.num_eval:
+      raise DataError(f"{cfg.path}: data.num_eval={cfg.num_eval} held-out prompts leave none of the "
+                      f"{len(records)} rows for training; lower data.num_eval")
+    rank = sorted(range(len(records)), key=lambda i: hashlib.sha1(f"eval:{records[i].prompt_id}".encode()).digest())
+    held = set(rank[:cfg.num_eval])
+    self._eval = [r for i, r in enumerate(records) if i in held]
+    eval_texts = {r.text for r in self._eval}
+    train = [r for i, r in enumerate(records) if i not in held]
+    self._train = [r for r in train if r.text not in eval_texts]
+    self.overlap_dropped = len(train) - len(self._train)
+    if not self._train:
+      raise DataError(f"{cfg.path}: every training row repeats a held-out prompt")
+
+  def train_records(self) -> list[Record]:
+    return list(self._train)
+
+  def eval_records(self) -> list[Record]:
+    return list(self._eval)
+
+  def warmstart_val_records(self) -> list[Record]:
+    return []
+
+  def solution(self, record: Record) -> str:
+    raise DataError("data.task=file has no reference completions; disable warm_start")
+
+  @staticmethod
+  def reward(completion: str, answer: str) -> float:
+    return math_verify_reward(completion, answer)
+
+
+def make_task(cfg) -> AdditionTask | CountdownTask | FileTask:
+  """From a DataConfig. For countdown, `data.digits` is the number count."""
+  if cfg.task == "addition":
+    return AdditionTask(cfg.digits, cfg.seed, cfg.num_train, cfg.num_eval)
+  if cfg.task == "countdown":
+    return CountdownTask(cfg.digits, cfg.seed, cfg.num_train, cfg.num_eval)
+  if cfg.task == "file":
+    return FileTask(cfg)
+  raise DataError(f"data.task must be addition, countdown or file, got {cfg.task!r}")

@@ -1,0 +1,137 @@
+"""Built-in tasks: formats, solutions, verifiers, and splits that never overlap; the file task's held-out split."""
+
+import dataclasses
+
+import pytest
+
+from fixtures import make_fixtures
+from scalerl_jax.config import DataConfig
+from scalerl_jax.data import arith
+from scalerl_jax.data.sources import DataError
+from scalerl_jax.data.tasks import AdditionTask, CountdownTask, FileTask, make_task
+from scalerl_jax.data.tokenizer import CharTokenizer
+
+
+def _small(cls, knob, seed=0):
+  return cls(knob, seed=seed, num_train=300, num_eval=50, num_warmstart_val=20)
+
+
+def _texts(records):
+  return {r.text for r in records}
+
+
+@pytest.mark.parametrize("cls, knob", [(AdditionTask, 3), (AdditionTask, 2), (CountdownTask, 3), (CountdownTask, 4)])
+def test_splits_are_disjoint_by_content_and_sized(cls, knob):
+  task = _small(cls, knob)
+  train, ev, ws = _texts(task.train_records()), _texts(task.eval_records()), _texts(task.warmstart_val_records())
+  assert (len(train), len(ev), len(ws)) == (300, 50, 20)
+  assert not (train & ev) and not (train & ws) and not (ev & ws)
+
+
+def test_eval_split_is_fixed_across_seeds_and_train_follows_the_seed():
+  a, b = _small(AdditionTask, 3, seed=0), _small(AdditionTask, 3, seed=1)
+  assert [r.text for r in a.eval_records()] == [r.text for r in b.eval_records()]
+  assert [r.text for r in a.warmstart_val_records()] == [r.text for r in b.warmstart_val_records()]
+  assert _texts(a.train_records()) != _texts(b.train_records())
+  assert [r.text for r in a.train_records()] == [r.text for r in _small(AdditionTask, 3, seed=0).train_records()]
+
+
+def test_addition_format_example():
+  task = _small(AdditionTask, 3)
+  p = (37, 485)
+  assert task._text(p) == "037+485=" and task._answer(p) == "0522" and task._solution(p) == "2250|0522$"
+  rec = task.train_records()[0]
+  a, b = int(rec.text[:3]), int(rec.text[4:7])
+  assert rec.prompt_id == rec.text and rec.answer == f"{a + b:04d}"
+  assert task.solution(rec) == rec.answer[::-1] + "|" + rec.answer + "$"
+
+
+def test_small_space_fills_what_it_can_and_errors_when_heldout_cannot():
+  task = AdditionTask(1, num_train=1000, num_eval=20, num_warmstart_val=10)
+  assert len(task.train_records()) == 100 - 30  # every remaining problem of 10 x 10
+  with pytest.raises(DataError, match="only .* distinct problems left for the eval split"):
+    AdditionTask(1, num_eval=512)
+
+
+@pytest.mark.parametrize("cls, knob", [(AdditionTask, 3), (CountdownTask, 3), (CountdownTask, 5)])
+def test_reference_solutions_score_one_and_fit_the_char_vocabulary(cls, knob):
+  task, tok = _small(cls, knob), CharTokenizer()
+  for rec in task.train_records() + task.eval_records() + task.warmstart_val_records():
+    sol = task.solution(rec)
+    assert task.reward(sol, rec.answer) == 1.0, (rec, sol)
+    assert sol.endswith("$") and tok.decode(tok.encode(rec.text + sol)) == rec.text + sol
+
+
+def test_default_prompts_and_solutions_fit_the_default_rollout_budget():
+  for task in (_small(AdditionTask, 3), _small(CountdownTask, 3)):
+    for rec in task.train_records():
+      assert 1 + len(rec.text) <= 16 and len(task.solution(rec)) <= 24
+
+
+@pytest.mark.parametrize("completion, reward", [
+    ("2250|0522$", 1.0),
+    ("9999|0522$", 1.0),  # only the answer after the last marker is judged
+    ("2250|0522", 1.0),  # no EOS: up to the end
+    ("2250|0522$junk", 1.0),  # after EOS is ignored
+    ("2250|522$", 0.0),  # not zero-padded
+    ("22500522$", 0.0),  # no end-of-thinking marker, no answer
+    ("|0522|$", 0.0),
+    ("", 0.0),
+])
+def test_addition_reward_cases(completion, reward):
+  assert AdditionTask.reward(completion, "0522") == reward
+
+
+@pytest.mark.parametrize("completion, reward", [
+    ("3*5=15+7=22|3*5+7$", 1.0),
+    ("x|7+5*3$", 1.0),  # any valid expression, any order
+    ("|(7-5)*(3+8)$", 0.0),  # 8 is not given
+    ("|5*5-3$", 0.0),  # 5 used twice
+    ("|3*5+7+0$", 0.0),  # 0 is not given
+    ("|(3+5)*7$", 0.0),  # wrong value
+    ("|3*5+7)$", 0.0),  # malformed
+    ("|03*5+7$", 0.0),  # leading zero
+    ("3*5=15+7=22$", 0.0),  # no marker
+    ("|$", 0.0),
+])
+def test_countdown_reward_cases(completion, reward):
+  assert CountdownTask.reward(completion, "3,5,7>22") == reward
+
+
+def test_countdown_reward_allows_repeated_numbers_when_given_twice():
+  assert CountdownTask.reward("|7*7-7$", "7,7,7>42") == 1.0
+  assert CountdownTask.reward("|7*7-7$", "3,7,7>42") == 0.0
+
+
+def test_arith_evaluate_is_exact_and_bounded():
+  assert arith.evaluate("(2+8-8)*5") == (10, [2, 8, 8, 5])
+  assert arith.evaluate("8/4/2") == (1, [8, 4, 2])  # left-associative
+  for bad in ("7/2", "5/0", "-3+4", "2**3", "1+", "()", "1" * 65, "__import__('os')"):
+    with pytest.raises(ValueError):
+      arith.evaluate(bad)
+
+
+def test_file_task_holds_out_a_fixed_disjoint_split(tmp_path):
+  rows = make_fixtures.gsm8k_rows(50)
+  rows.append(dict(rows[0], id="copy-of-0"))  # same content, another id
+  path = make_fixtures.write_jsonl(tmp_path / "g.jsonl", rows)
+  cfg = dataclasses.replace(DataConfig(), task="file", path=str(path), prompt_field="question", id_field="id",
+                            num_eval=10)
+  task = make_task(cfg)
+  assert isinstance(task, FileTask)
+  train, ev = _texts(task.train_records()), _texts(task.eval_records())
+  assert len(task.eval_records()) == 10 and not (train & ev)
+  assert len(task.train_records()) + len(task.eval_records()) + task.overlap_dropped == 51
+  assert [r.prompt_id for r in make_task(dataclasses.replace(cfg, seed=5)).eval_records()] == \
+      [r.prompt_id for r in task.eval_records()]
+  assert task.reward("so the answer is \\boxed{10}", rows[0]["answer"]) == 1.0  # 4 + 6 = 10
+  assert task.warmstart_val_records() == []
+  with pytest.raises(DataError, match="leave none of the 51 rows"):
+    make_task(dataclasses.replace(cfg, num_eval=51))
+
+
+def test_make_task_builtin():
+  cfg = dataclasses.replace(DataConfig(), task="countdown", digits=4, num_train=100, num_eval=20)
+  task = make_task(cfg)
+  assert isinstance(task, CountdownTask) and task.num_numbers == 4 and len(task.train_records()) == 100
+  assert isinstance(make_task(dataclasses.replace(cfg, task="addition")), AdditionTask)
