@@ -1,0 +1,62 @@
+"""Fit the ScaleRL compute-performance curve R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) to runs, extrapolate.
+
+  python launch/fit_curve.py INPUT [INPUT ...] [--x accelerator_hours|flops] [--fit-upto 0.5] [--c-min X]
+                             [--bayes] [--json OUT] [--plot OUT.png]
+
+INPUT: a run directory (metrics.jsonl or tensorboard events), a metrics .jsonl, or a CSV with columns
+compute,reward[,n_correct,n_total]. The first point of each input is its R0 measurement. With several inputs the
+runs are also compared (A, P(A1 > A2) with --bayes, B at a common A when |A1 - A2| < 0.02, crossing computes).
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from scalerl_jax import scaling  # noqa: E402
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="fit_curve.py")
+  p.add_argument("inputs", nargs="+", metavar="INPUT")
+  p.add_argument("--x", default="accelerator_hours", choices=["accelerator_hours", "accelerator_seconds", "flops"])
+  p.add_argument("--fit-upto", type=float, default=0.5, help="fit on compute <= this fraction of the last")
+  p.add_argument("--c-min", type=float, default=0.0, help="drop points below this compute (paper: 1.5k GPU-h)")
+  p.add_argument("--method", default="paper", choices=scaling.analysis.METHODS)
+  p.add_argument("--bayes", action="store_true", help="also sample the NumPyro posterior (NUTS)")
+  p.add_argument("--samples", type=int, default=1000, help="NUTS samples (half as many warmup steps)")
+  p.add_argument("--json", metavar="OUT", help="write the fits as JSON")
+  p.add_argument("--plot", metavar="OUT.png", help="save the fit (one input) or comparison (several) plot")
+  return p, p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+  parser, args = parse_args(argv)
+  try:
+    runs = [scaling.analyse(scaling.load_points(path, x=args.x), fit_upto=args.fit_upto, c_min=args.c_min,
+                            method=args.method, bayes=args.bayes, num_warmup=args.samples // 2,
+                            num_samples=args.samples) for path in args.inputs]
+  except scaling.CurveDataError as e:
+    parser.error(str(e))
+  out = {"x": args.x, "fit_upto": args.fit_upto, "c_min": args.c_min, "runs": [scaling.summary(r) for r in runs]}
+  for s in out["runs"]:
+    print(scaling.format_report(s))
+  if len(runs) > 1:
+    out["comparisons"] = scaling.compare_runs(runs)
+    for pair in out["comparisons"]:
+      print(scaling.format_comparison(pair))
+  if args.json:
+    pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+  if args.plot:
+    from scalerl_jax.scaling import plots
+    ax = plots.plot_fit(runs[0]) if len(runs) == 1 else plots.plot_comparison(runs)
+    ax.set_xlabel(args.x.replace("_", " "))
+    plots.save(ax.figure, args.plot)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,151 @@
+"""One run end to end: fit on the first part of its compute, extrapolate to the rest, say how well that went.
+
+    points ──split──► R0 | fit window (C <= fit_upto * C_last, C >= c_min) | held-out tail
+              │
+              ├─ least squares (paper grid, or free) ──► A, B, C_mid, residual, delta-method band
+              ├─ power law A - D / C^B (for comparison only)
+              └─ NUTS (optional) ──► quantiles of A, B, C_mid; band of R(C_last)
+    summary: predicted reward at C_last vs the measured one; whether the band covers it.
+
+`fit_run` is the one call the trainer makes at the end of a run. `RunFit` keeps the objects for plots and
+comparisons; `summary` turns it into plain JSON-ready numbers; `format_report` into a few printable lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Union
+
+import numpy as np
+
+from scalerl_jax.scaling import bayes as bayes_lib
+from scalerl_jax.scaling import fit as fit_lib
+from scalerl_jax.scaling.io import load_points
+from scalerl_jax.scaling.points import CurveDataError, CurvePoints, Window, split
+
+METHODS = ("paper", "free")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFit:
+  """A fitted run: its points, the split, the least-squares / power-law / Bayesian fits."""
+  points: CurvePoints
+  window: Window
+  lsq: fit_lib.LsqFit
+  power: Optional[fit_lib.PowerLawFit]
+  bayes: Optional[bayes_lib.BayesFit]
+  level: float = 0.9
+
+  @property
+  def name(self) -> str:
+    return self.points.name
+
+  @property
+  def c_last(self) -> float:
+    return float(self.points.compute[-1])
+
+  @property
+  def measured_last(self) -> float:
+    return float(self.points.reward[-1])
+
+
+def analyse(points: CurvePoints, *, fit_upto: float = 0.5, c_min: float = 0.0, method: str = "paper",
+            bayes: bool = False, fit_r0: bool = False, likelihood: str = "auto", num_warmup: int = 500,
+            num_samples: int = 1000, seed: int = 0, level: float = 0.9, lsq_kwargs: Optional[dict] = None) -> RunFit:
+  """Splits `points` (see `points.split`) and fits the window; R0 is fixed to the first point unless fit_r0.
+
+  fit_r0 fits R0 as well (then the start point joins the fitted data, and method must be "free").
+  """
+  if method not in METHODS:
+    raise CurveDataError(f"unknown method {method!r}; choose one of {METHODS}")
+  if fit_r0 and method == "paper":
+    raise CurveDataError("the paper's fitter keeps R0 fixed; use method='free' with fit_r0")
+  window = split(points, fit_upto=fit_upto, c_min=c_min)
+  data = _join(window.start, window.fit) if fit_r0 else window.fit
+  if method == "paper":
+    lsq = fit_lib.fit_paper(data.compute, data.reward, window.r0, **(lsq_kwargs or {}))
+  else:
+    lsq = fit_lib.fit_free(data.compute, data.reward, window.r0, fit_r0=fit_r0)
+  try:
+    power = fit_lib.fit_power_law(window.fit.compute, window.fit.reward)
+  except CurveDataError:
+    power = None
+  post = None
+  if bayes:
+    post = bayes_lib.fit_bayes(data, window.r0, likelihood=likelihood, fit_r0=fit_r0, num_warmup=num_warmup,
+                               num_samples=num_samples, seed=seed)
+  return RunFit(points, window, lsq, power, post, level)
+
+
+def _join(a: CurvePoints, b: CurvePoints) -> CurvePoints:
+  cat = lambda x, y: None if x is None or y is None else np.concatenate([x, y])  # noqa: E731
+  return CurvePoints(cat(a.compute, b.compute), cat(a.reward, b.reward), cat(a.n_correct, b.n_correct),
+                     cat(a.n_total, b.n_total), cat(a.per_prompt, b.per_prompt), b.samples_per_prompt, b.name)
+
+
+def _num(v) -> Optional[float]:
+  """A float for JSON; None where it is not finite (e.g. a band without a covariance)."""
+  return float(v) if np.isfinite(v) else None
+
+
+def summary(run: RunFit) -> dict:
+  """Plain numbers: A, B, C_mid, R0, residual; extrapolation to the last compute; Bayesian quantiles and band."""
+  p, w, c_last = run.lsq.params, run.window, run.c_last
+  predicted = float(p(c_last))
+  lo, hi = (_num(v[0]) for v in run.lsq.band(np.array([c_last]), run.level, predictive=True))
+  held = w.held_out
+  extrap = {"c_last": c_last, "measured": run.measured_last, "predicted": predicted,
+            "error": predicted - run.measured_last, "band": [lo, hi], "level": run.level,  # predictive band
+            "covered": bool(lo <= run.measured_last <= hi) if len(held) and lo is not None else None,
+            "held_out_rmse": float(np.sqrt(np.mean((p(held.compute) - held.reward) ** 2))) if len(held) else None}
+  out = {"name": run.name, "n_points": len(run.points), "n_fit": len(w.fit), "n_held_out": len(held),
+         "c_min": w.c_min, "c_cut": w.c_cut, "method": run.lsq.method, **p.as_dict(),
+         "residual": {"sse": run.lsq.sse, "rmse": run.lsq.rmse}, "extrapolation": extrap}
+  if run.power is not None:
+    out["power_law"] = {**run.power.params.as_dict(), "sse": run.power.sse}
+  if run.bayes is not None:
+    b = run.bayes
+    mean_lo, med, mean_hi = (float(v[0]) for v in b.band(np.array([c_last]), run.level))
+    pred_lo, _, pred_hi = (float(v[0]) for v in b.band(np.array([c_last]), run.level, predictive=True))
+    out["bayes"] = {
+        "likelihood": b.likelihood, "level": run.level,
+        **{k: b.quantiles(k) for k in ("A", "B", "C_mid")},
+        "predicted_last": {"lo": mean_lo, "median": med, "hi": mean_hi},  # band of the mean curve
+        "predictive_last": {"lo": pred_lo, "hi": pred_hi},  # with one evaluation's noise
+        "covered": bool(pred_lo <= run.measured_last <= pred_hi) if len(held) else None,
+        "diagnostics": b.diagnostics}
+  return out
+
+
+def format_report(s: dict) -> str:
+  """A few lines for the end of a training run."""
+  e = s["extrapolation"]
+  lines = [f"curve fit [{s['name'] or 'run'}] ({s['method']}, {s['n_fit']} points up to C={s['c_cut']:.4g}): "
+           f"A={s['A']:.3f} B={s['B']:.2f} C_mid={s['C_mid']:.4g} R0={s['R0']:.3f} rmse={s['residual']['rmse']:.4f}"]
+  if "bayes" in s:
+    q = s["bayes"]
+    lines.append(f"  posterior: A={q['A']['q50']:.3f} [{q['A']['q05']:.3f}, {q['A']['q95']:.3f}]  "
+                 f"B={q['B']['q50']:.2f} [{q['B']['q05']:.2f}, {q['B']['q95']:.2f}]  (5-95 %)")
+  band = s["bayes"]["predictive_last"] if "bayes" in s else {"lo": e["band"][0], "hi": e["band"][1]}
+  band_text = f" [{band['lo']:.3f}, {band['hi']:.3f}]" if band["lo"] is not None else ""
+  covered = s["bayes"]["covered"] if "bayes" in s else e["covered"]
+  lines.append(f"  at C={e['c_last']:.4g}: predicted {e['predicted']:.3f}{band_text}, "
+               f"measured {e['measured']:.3f} (error {e['error']:+.3f}"
+               + ("" if covered is None else f", {'inside' if covered else 'outside'} the band") + ")")
+  return "\n".join(lines)
+
+
+def fit_run(points: Union[CurvePoints, str], *, x: str = "accelerator_hours", fit_upto: float = 0.5,
+            c_min: float = 0.0, bayes: bool = True, plot: Optional[str] = None, **kwargs) -> dict:
+  """Fits one run and returns `summary` (JSON-ready); `plot` saves the fit plot there.
+
+  `points`: CurvePoints, or a run directory / CSV / metrics.jsonl read on the `x` axis ("accelerator_hours",
+  "accelerator_seconds" or "flops"). Other keyword arguments go to `analyse` (method, fit_r0, likelihood, ...).
+  """
+  if not isinstance(points, CurvePoints):
+    points = load_points(points, x=x)
+  run = analyse(points, fit_upto=fit_upto, c_min=c_min, bayes=bayes, **kwargs)
+  if plot:
+    from scalerl_jax.scaling import plots  # matplotlib only when asked
+    plots.save(plots.plot_fit(run).figure, plot)
+  return summary(run)

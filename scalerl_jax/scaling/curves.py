@@ -1,0 +1,105 @@
+"""Compute-performance curves: the ScaleRL sigmoid, the power law it is compared with, and their algebra.
+
+Sigmoid (paper Eq. 1), with C the training compute (any positive unit: GPU-hours, accelerator-hours, FLOPs):
+
+    R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)
+         = R0 + (A - R0) * sigmoid(B * (ln C - ln C_mid))        (the form evaluated here: stable, and exact at C = 0)
+
+  A       asymptotic pass rate ("ceiling"), R0 <= A <= 1
+  B > 0   scaling exponent ("efficiency"; larger = steeper in log C)
+  C_mid   compute at which half of the gain A - R0 is reached
+  R0      reward at zero training compute. R(0) = R0 exactly; the log-form handles C = 0 without division.
+
+Power law (paper A.4), valid only for C >= C_0 (it diverges as C -> 0):
+
+    R(C) = A - D / C^B
+
+For C >> C_mid the sigmoid tends to that power law with D = (A - R0) * C_mid^B.
+
+Linearised sigmoid (paper Fig. 7 caption), for R0 < R < A:
+
+    F(R) = C_mid^B / ((A - R0) / (R - R0) - 1) = C^B      =>      ln F(R) = B * ln C
+
+so ln F plotted against ln C is a line of slope B through the origin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from scipy.special import expit
+
+
+def log_compute(c: np.ndarray) -> np.ndarray:
+  """ln C with ln 0 = -inf (no warning), so that sigmoid(B * (-inf)) = 0 and R(0) = R0."""
+  c = np.asarray(c, dtype=float)
+  out = np.full(c.shape, -np.inf)
+  np.log(c, out=out, where=c > 0)
+  return out
+
+
+def sigmoid_curve(c, a, b, c_mid, r0):
+  """R(C) = R0 + (A - R0) * sigmoid(B * (ln C - ln C_mid)); broadcasts over every argument (numpy)."""
+  return r0 + (a - r0) * expit(b * (log_compute(c) - np.log(c_mid)))
+
+
+def power_law_curve(c, a, d, b):
+  """R(C) = A - D / C^B (numpy; C must be > 0)."""
+  return a - d * np.power(np.asarray(c, dtype=float), -b)
+
+
+@dataclasses.dataclass(frozen=True)
+class SigmoidParams:
+  """Parameters of the sigmoid R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)."""
+  A: float
+  B: float
+  C_mid: float
+  R0: float
+
+  def __call__(self, c) -> np.ndarray:
+    return sigmoid_curve(c, self.A, self.B, self.C_mid, self.R0)
+
+  def compute_for(self, reward) -> np.ndarray:
+    """Inverse of the curve: the compute at which R(C) = reward, i.e. C = C_mid * ((A-R0)/(R-R0) - 1)^(-1/B).
+
+    nan outside the open interval (R0, A), which the curve never reaches.
+    """
+    r = np.asarray(reward, dtype=float)
+    frac = (r - self.R0) / (self.A - self.R0)
+    ok = (frac > 0) & (frac < 1)
+    safe = np.where(ok, frac, 0.5)
+    return np.where(ok, self.C_mid * (1.0 / safe - 1.0) ** (-1.0 / self.B), np.nan)
+
+  def power_law_limit(self) -> "PowerLawParams":
+    """The high-compute limit A - D / C^B with D = (A - R0) * C_mid^B (paper A.4)."""
+    return PowerLawParams(A=self.A, D=(self.A - self.R0) * self.C_mid**self.B, B=self.B)
+
+  def as_dict(self) -> dict:
+    return {k: float(v) for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerLawParams:
+  """Parameters of the power law R(C) = A - D / C^B."""
+  A: float
+  D: float
+  B: float
+
+  def __call__(self, c) -> np.ndarray:
+    return power_law_curve(c, self.A, self.D, self.B)
+
+  def as_dict(self) -> dict:
+    return {k: float(v) for k, v in dataclasses.asdict(self).items()}
+
+
+def log_f(reward, a, c_mid, b, r0) -> np.ndarray:
+  """The linearised ordinate ln F(R) = B ln C_mid - ln((A - R0)/(R - R0) - 1); nan where R is outside (R0, A).
+
+  For points on the curve, ln F(R(C)) = B ln C: a line of slope B (paper Fig. 7).
+  """
+  r = np.asarray(reward, dtype=float)
+  frac = (r - r0) / (a - r0)
+  ok = (frac > 0) & (frac < 1)
+  safe = np.where(ok, frac, 0.5)
+  return np.where(ok, b * np.log(c_mid) - np.log(1.0 / safe - 1.0), np.nan)

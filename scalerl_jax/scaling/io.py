@@ -1,0 +1,154 @@
+"""Reads a run's evaluation points: a run directory (metrics.jsonl or tensorboard events) or a CSV.
+
+metrics.jsonl (written by the trainer): one JSON object per line with "step", cumulative "compute/accelerator_seconds"
+and "compute/flops"; evaluation lines also carry "eval/pass_rate", "eval/n_correct", "eval/n_total",
+"eval/per_prompt_correct" (list) and "eval/samples_per_prompt". Only lines with "eval/pass_rate" are points.
+
+CSV: a header with `compute,reward` and optionally `n_correct,n_total`.
+
+Tensorboard event files: the same tags as scalars. They are decoded with the protobufs that ship with tensorboardX
+(the trainer's writer), so no `tensorboard` install is needed; per-prompt lists are not available there.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import pathlib
+import struct
+from typing import Dict, List
+
+import numpy as np
+
+from scalerl_jax.scaling.points import CurveDataError, CurvePoints
+
+# --x choice -> (metrics key, factor to the plotted unit)
+X_AXES = {
+    "accelerator_hours": ("compute/accelerator_seconds", 1.0 / 3600.0),
+    "accelerator_seconds": ("compute/accelerator_seconds", 1.0),
+    "flops": ("compute/flops", 1.0),
+}
+EVAL_KEY = "eval/pass_rate"
+
+
+def load_points(path, x: str = "accelerator_hours") -> CurvePoints:
+  """Points of one input: a run directory, a metrics .jsonl, a tensorboard events file, or a .csv."""
+  if x not in X_AXES:
+    raise CurveDataError(f"unknown compute axis {x!r}; choose one of {sorted(X_AXES)}")
+  p = pathlib.Path(path)
+  if p.is_dir():
+    if (p / "metrics.jsonl").is_file():
+      return _from_records(_read_jsonl(p / "metrics.jsonl"), x, str(p))
+    events = sorted(p.rglob("events.out.tfevents.*"))
+    if events:
+      return _from_records(_read_events(events), x, str(p))
+    raise CurveDataError(f"{p}: no metrics.jsonl or tensorboard events file in this run directory")
+  if not p.is_file():
+    raise CurveDataError(f"{p}: no such file or directory")
+  if p.suffix.lower() == ".csv":
+    return _read_csv(p)
+  if "tfevents" in p.name:
+    return _from_records(_read_events([p]), x, str(p))
+  return _from_records(_read_jsonl(p), x, str(p))
+
+
+def _read_text(path: pathlib.Path) -> str:
+  try:
+    return path.read_text()
+  except (OSError, UnicodeDecodeError) as e:
+    raise CurveDataError(f"{path}: cannot read ({e})") from e
+
+
+def _read_jsonl(path: pathlib.Path) -> List[dict]:
+  records = []
+  for i, line in enumerate(_read_text(path).splitlines(), start=1):
+    if not line.strip():
+      continue
+    try:
+      rec = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise CurveDataError(f"{path}:{i}: not a JSON line ({e.msg})") from e
+    if not isinstance(rec, dict):
+      raise CurveDataError(f"{path}:{i}: expected a JSON object")
+    records.append(rec)
+  return records
+
+
+def _from_records(records: List[dict], x: str, name: str) -> CurvePoints:
+  key, factor = X_AXES[x]
+  evals = [r for r in records if EVAL_KEY in r]
+  if not evals:
+    raise CurveDataError(f"{name}: no evaluation lines (with {EVAL_KEY!r})")
+  missing = [r.get("step", "?") for r in evals if key not in r]
+  if missing:
+    raise CurveDataError(f"{name}: evaluation step(s) {missing[:5]} lack {key!r}")
+  num = lambda r, k: float("nan") if r[k] is None else float(r[k])  # noqa: E731  (JSON null -> NaN, rejected)
+  try:
+    compute = np.array([num(r, key) for r in evals]) * factor
+    reward = np.array([num(r, EVAL_KEY) for r in evals])
+  except (TypeError, ValueError) as e:
+    raise CurveDataError(f"{name}: non-numeric compute or pass rate ({e})") from e
+  counts = {}
+  if all("eval/n_correct" in r and "eval/n_total" in r for r in evals):
+    counts = dict(n_correct=[r["eval/n_correct"] for r in evals], n_total=[r["eval/n_total"] for r in evals])
+  per_prompt = [r.get("eval/per_prompt_correct") for r in evals]
+  if (all(isinstance(v, list) and v for v in per_prompt) and len({len(v) for v in per_prompt}) == 1
+      and "eval/samples_per_prompt" in evals[0]):
+    counts.update(per_prompt=np.array(per_prompt), samples_per_prompt=int(evals[0]["eval/samples_per_prompt"]))
+  return CurvePoints(compute, reward, name=name, **counts)
+
+
+def _read_csv(path: pathlib.Path) -> CurvePoints:
+  reader = csv.DictReader(_read_text(path).splitlines())
+  header = set(reader.fieldnames or [])
+  rows = list(reader)
+  if not {"compute", "reward"} <= header:
+    raise CurveDataError(f"{path}: need a header with columns compute,reward (got {sorted(header)})")
+  cols = ["compute", "reward"] + (["n_correct", "n_total"] if {"n_correct", "n_total"} <= header else [])
+  values: Dict[str, list] = {c: [] for c in cols}
+  for i, row in enumerate(rows, start=2):
+    for c in cols:
+      try:
+        values[c].append(float(row[c]))
+      except (TypeError, ValueError) as e:
+        raise CurveDataError(f"{path}:{i}: column {c} is not a number: {row[c]!r}") from e
+  return CurvePoints(name=str(path), **values)
+
+
+def _tfrecords(path: pathlib.Path):
+  """Payloads of a TFRecord file: [u64 length][u32 crc][data][u32 crc] per record (CRCs not checked)."""
+  try:
+    data = path.read_bytes()
+  except OSError as e:
+    raise CurveDataError(f"{path}: cannot read ({e})") from e
+  pos = 0
+  while pos + 12 <= len(data):
+    (n,) = struct.unpack("<Q", data[pos:pos + 8])
+    if pos + 12 + n + 4 > len(data):
+      raise CurveDataError(f"{path}: truncated tensorboard record at byte {pos}")
+    yield data[pos + 12:pos + 12 + n]
+    pos += 12 + n + 4
+
+
+def _read_events(paths) -> List[dict]:
+  try:
+    from tensorboardX.proto import event_pb2
+  except ImportError as e:
+    raise CurveDataError("reading tensorboard events needs tensorboardX (pip install tensorboardX)") from e
+  by_step: Dict[int, dict] = {}
+  for path in paths:
+    for payload in _tfrecords(path):
+      event = event_pb2.Event()
+      try:
+        event.ParseFromString(payload)
+      except Exception as e:  # protobuf's DecodeError; its class moved between protobuf versions
+        raise CurveDataError(f"{path}: not a tensorboard events file ({e})") from e
+      for v in event.summary.value:
+        if v.HasField("simple_value"):
+          value = v.simple_value
+        elif v.HasField("tensor") and (v.tensor.float_val or v.tensor.double_val):
+          value = (list(v.tensor.float_val) or list(v.tensor.double_val))[0]
+        else:
+          continue
+        by_step.setdefault(int(event.step), {"step": int(event.step)})[v.tag] = float(value)
+  return [by_step[s] for s in sorted(by_step)]

@@ -1,0 +1,119 @@
+"""Matplotlib figures of fitted runs: one run with its band and extrapolated region, several runs compared, and
+the linearised view ln F(R) = B ln C.
+
+Every function draws on `ax` (a new figure when None) and returns the axes; `save` writes a figure to disk.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Optional, Sequence
+
+import numpy as np
+
+import matplotlib.pyplot as plt
+
+from scalerl_jax.scaling.analysis import RunFit
+from scalerl_jax.scaling.compare import linearised, refit_common_a
+
+
+def _short(name: str) -> str:
+  """A run's label: the last path component of its input."""
+  return pathlib.Path(name).name if name else ""
+
+
+def _axes(ax):
+  return ax if ax is not None else plt.subplots(figsize=(7, 4.5))[1]
+
+
+def _grid(run: RunFit, c_max: Optional[float] = None) -> np.ndarray:
+  c = run.points.compute
+  lo = float(np.min(c[c > 0]))
+  return np.geomspace(lo, c_max or 1.05 * float(c[-1]), 300)
+
+
+def _band(run: RunFit, grid: np.ndarray):
+  """(lower, upper) of the mean curve: the posterior band with a Bayesian fit, the delta-method band otherwise."""
+  if run.bayes is not None:
+    lo, _, hi = run.bayes.band(grid, run.level)
+    return lo, hi
+  return run.lsq.band(grid, run.level)
+
+
+def plot_fit(run: RunFit, ax=None, c_max: Optional[float] = None, color: str = "C0", label: str = ""):
+  """Measured points (fitted: filled, held out: hollow, dropped below c_min: grey), the fitted curve, its band
+  (posterior band with --bayes, delta-method band otherwise), the extrapolated region shaded, the cut-off marked."""
+  ax = _axes(ax)
+  w, name = run.window, label or _short(run.name) or "run"
+  grid = _grid(run, c_max)
+  lo, hi = _band(run, grid)
+  band_label = f"{run.level:.0%} " + ("posterior band" if run.bayes is not None else "band (delta method)")
+  ax.axvspan(w.c_cut, grid[-1], color="0.93", zorder=0, label="extrapolated")
+  ax.axvline(w.c_cut, color="0.5", ls="--", lw=1, label=f"fit cut-off C={w.c_cut:.4g}")
+  if w.c_min > 0:
+    ax.axvline(w.c_min, color="0.7", ls=":", lw=1, label=f"c_min={w.c_min:.4g}")
+  if np.all(np.isfinite(lo)):
+    ax.fill_between(grid, lo, hi, color=color, alpha=0.2, lw=0, label=band_label)
+  ax.plot(grid, run.lsq.params(grid), color=color, lw=2,
+          label=f"{name}: A={run.lsq.params.A:.3f}, B={run.lsq.params.B:.2f} ({run.lsq.method})")
+  if run.bayes is not None:
+    ax.plot(grid, run.bayes.band(grid, run.level)[1], color=color, lw=1, ls=":", label="posterior median")
+  pts = run.points
+  dropped = (pts.compute > 0) & (pts.compute < w.c_min)
+  ax.scatter(w.fit.compute, w.fit.reward, s=14, color=color, zorder=3)
+  ax.scatter(w.held_out.compute, w.held_out.reward, s=14, facecolors="none", edgecolors=color, zorder=3)
+  if np.any(dropped):
+    ax.scatter(pts.compute[dropped], pts.reward[dropped], s=10, color="0.6", zorder=3)
+  ax.axhline(run.lsq.params.A, color=color, lw=0.8, ls="-.", alpha=0.6)
+  ax.set_xscale("log")
+  ax.set_xlabel("compute")
+  ax.set_ylabel("held-out pass rate")
+  ax.legend(fontsize=8, loc="lower right")
+  return ax
+
+
+def plot_comparison(runs: Sequence[RunFit], ax=None, c_max: Optional[float] = None):
+  """Several runs on one axis, each with its points, fitted curve and band."""
+  ax = _axes(ax)
+  c_max = c_max or 1.05 * max(r.c_last for r in runs)
+  for i, run in enumerate(runs):
+    color = f"C{i}"
+    grid = _grid(run, c_max)
+    lo, hi = _band(run, grid)
+    if np.all(np.isfinite(lo)):
+      ax.fill_between(grid, lo, hi, color=color, alpha=0.15, lw=0)
+    p = run.lsq.params
+    label = f"{_short(run.name) or i}: A={p.A:.3f} B={p.B:.2f} C_mid={p.C_mid:.3g}"
+    ax.plot(grid, p(grid), color=color, lw=2, label=label)
+    ax.scatter(run.points.compute[1:], run.points.reward[1:], s=10, color=color)
+    ax.axvline(run.window.c_cut, color=color, ls="--", lw=0.8, alpha=0.6)
+  ax.set_xscale("log")
+  ax.set_xlabel("compute")
+  ax.set_ylabel("held-out pass rate")
+  ax.legend(fontsize=8, loc="lower right")
+  return ax
+
+
+def plot_linearised(runs: Sequence[RunFit], ax=None, common_a: bool = True):
+  """ln F(R) against ln C per run, after refitting at a common A (the paper's Fig. 7 procedure): slope = B."""
+  ax = _axes(ax)
+  a, fits = refit_common_a(runs) if common_a else (None, [r.lsq for r in runs])
+  for i, (run, f) in enumerate(zip(runs, fits)):
+    x, y = linearised(run, f.params)
+    ax.scatter(x, y, s=10, color=f"C{i}")
+    xs = np.linspace(x.min(), x.max(), 10) if x.size else np.zeros(0)
+    ax.plot(xs, f.params.B * xs, color=f"C{i}", label=f"{_short(run.name) or i}: B={f.params.B:.2f}")
+  ax.set_xlabel("ln C")
+  ax.set_ylabel("ln F(R)")
+  ax.set_title(f"linearised at common A={a:.3f}" if a is not None else "linearised")
+  ax.legend(fontsize=8)
+  return ax
+
+
+def save(fig, path) -> pathlib.Path:
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path

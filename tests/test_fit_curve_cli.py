@@ -1,0 +1,133 @@
+"""launch/fit_curve.py: fits, JSON, plots, comparisons, and clear errors for bad inputs."""
+
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from scalerl_jax.scaling import synthetic
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "launch" / "fit_curve.py"
+
+
+def _load_cli():
+  spec = importlib.util.spec_from_file_location("fit_curve_cli", SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+cli = _load_cli()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("runs")
+  a = synthetic.synthetic_run(synthetic.table1("ScaleRL", r0=0.3), 16000.0, n_evals=40, seed=1)
+  b = synthetic.synthetic_run(synthetic.table1("ScaleRL-Scout", r0=0.3), 16000.0, n_evals=40, seed=2)
+  return synthetic.write_run_dir(a, root / "scalerl").parent, synthetic.write_run_dir(b, root / "scout").parent
+
+
+def _csv(path, rows, header="compute,reward"):
+  path.write_text(header + "\n" + "\n".join(",".join(str(v) for v in r) for r in rows) + "\n")
+  return path
+
+
+def _error(capsys, argv) -> str:
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(argv)
+  assert exit_info.value.code == 2
+  return capsys.readouterr().err
+
+
+def test_two_runs_json_and_comparison_plot(runs, tmp_path, capsys):
+  out, png = tmp_path / "fits.json", tmp_path / "cmp.png"
+  assert cli.main([str(runs[0]), str(runs[1]), "--json", str(out), "--plot", str(png)]) == 0
+  printed = capsys.readouterr().out
+  assert printed.count("curve fit [") == 2 and "posterior" not in printed
+  assert "scalerl vs" in printed and "curves cross" in printed
+  data = json.loads(out.read_text())
+  assert data["x"] == "accelerator_hours" and data["fit_upto"] == 0.5
+  first, second = data["runs"]
+  for run in data["runs"]:
+    assert {"A", "B", "C_mid", "R0", "residual", "extrapolation"} <= set(run)
+    assert "bayes" not in run
+  assert abs(first["A"] - 0.610) <= 0.02 and abs(second["A"] - 0.710) <= 0.02
+  assert first["n_fit"] == 20 and first["n_held_out"] == 20
+  assert data["comparisons"][0]["B_rule"]["comparable"] is False  # A differs by ~0.1
+  assert png.stat().st_size > 10_000
+
+
+def test_bayes_quantiles_and_band_in_json(runs, tmp_path):
+  out = tmp_path / "fit.json"
+  png = tmp_path / "fit.png"
+  assert cli.main([str(runs[0]), "--bayes", "--samples", "400", "--json", str(out), "--plot", str(png)]) == 0
+  run = json.loads(out.read_text())["runs"][0]
+  q = run["bayes"]
+  assert q["A"]["q05"] < q["A"]["q50"] < q["A"]["q95"] and q["B"]["q05"] < q["B"]["q50"] < q["B"]["q95"]
+  assert q["A"]["q05"] <= 0.610 <= q["A"]["q95"]
+  band = q["predicted_last"]
+  assert band["lo"] < band["median"] < band["hi"]
+  assert q["likelihood"] == "binomial"
+  assert png.exists()
+
+
+def test_flops_axis_and_csv_input(tmp_path, runs):
+  out = tmp_path / "f.json"
+  assert cli.main([str(runs[0]), "--x", "flops", "--fit-upto", "1.0", "--json", str(out)]) == 0
+  run = json.loads(out.read_text())["runs"][0]
+  assert run["C_mid"] == pytest.approx(2542 * 1e18, rel=0.1)  # write_run_dir: 1e18 FLOPs per hour
+  assert run["extrapolation"]["covered"] is None  # nothing held out
+  c = np.linspace(0, 16000, 21)
+  rows = list(zip(c, np.round(synthetic.table1("ScaleRL", r0=0.3)(c), 5)))
+  csv = _csv(tmp_path / "run.csv", rows)
+  assert cli.main([str(csv), "--json", str(out), "--c-min", "1500"]) == 0
+  run = json.loads(out.read_text())["runs"][0]
+  assert abs(run["A"] - 0.61) <= 0.005 and run["c_min"] == 1500
+
+
+def test_fewer_than_four_points(tmp_path, capsys):
+  csv = _csv(tmp_path / "short.csv", [(0, 0.3), (1, 0.4), (2, 0.45), (3, 0.5), (4, 0.52)])
+  err = _error(capsys, [str(csv), "--fit-upto", "0.5"])
+  assert "only 2 usable point(s) to fit (need >= 4)" in err
+
+
+def test_non_increasing_compute(tmp_path, capsys):
+  csv = _csv(tmp_path / "bad.csv", [(0, 0.3), (2, 0.4), (1, 0.45), (3, 0.5), (4, 0.52)])
+  assert "compute must increase strictly, but point 2 has compute 1 after 2" in _error(capsys, [str(csv)])
+
+
+def test_nan_reward(tmp_path, capsys):
+  csv = _csv(tmp_path / "nan.csv", [(0, 0.3), (1, "nan"), (2, 0.45), (3, 0.5), (4, 0.52)])
+  assert "reward is NaN or infinite at point(s) [1]" in _error(capsys, [str(csv)])
+
+
+def test_unreadable_and_missing_inputs(tmp_path, capsys):
+  bad = tmp_path / "run"
+  bad.mkdir()
+  (bad / "metrics.jsonl").write_bytes(b"\xff\xfe\x00garbage")
+  assert "cannot read" in _error(capsys, [str(bad)])
+  assert "no such file or directory" in _error(capsys, [str(tmp_path / "nope.csv")])
+  no_cols = _csv(tmp_path / "cols.csv", [(0, 0.3)], header="gpu_hours,score")
+  assert "need a header with columns compute,reward" in _error(capsys, [str(no_cols)])
+  no_evals = tmp_path / "noeval"
+  no_evals.mkdir()
+  (no_evals / "metrics.jsonl").write_text('{"step": 0, "compute/accelerator_seconds": 0.0}\n')
+  assert "no evaluation lines" in _error(capsys, [str(no_evals)])
+
+
+def test_script_runs_standalone(tmp_path):
+  c = np.linspace(0, 10, 11)
+  csv = _csv(tmp_path / "run.csv", list(zip(c, np.round(0.2 + 0.4 / (1 + (3 / np.maximum(c, 1e-9)) ** 2), 6))))
+  proc = subprocess.run([sys.executable, str(SCRIPT), str(csv), "--fit-upto", "1"], capture_output=True, text=True,
+                        cwd=tmp_path, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert "A=0.600 B=2.00" in proc.stdout
+  proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "missing")], capture_output=True, text=True,
+                        cwd=tmp_path, timeout=120)
+  assert proc.returncode == 2 and "fit_curve.py: error:" in proc.stderr
