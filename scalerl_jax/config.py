@@ -152,6 +152,10 @@ class WarmStartConfig:
   max_steps: int = 400
   eval_every: int = 10
   target_pass_rate: float = 0.15  # stop once mean@n on a separate split reaches this
+  # Supervised fine-tuning settings, not the RL recipe's: with the recipe's eps 1e-15 and clipping the
+  # warm start sat on its plateau ~2x longer (measured on the addition task).
+  eps: float = 1e-8
+  grad_clip: float = 0.0
   cache_dir: str = "~/.cache/scalerl_jax/warmstart"
 
 
@@ -307,21 +311,38 @@ def _clean(exc: OmegaConfBaseException, source: str) -> ConfigError:
   return ConfigError(f"{key}: {msg}{where}" if key else f"{msg}{where}")
 
 
+def _file_chain(path: Optional[str | pathlib.Path]) -> list[pathlib.Path]:
+  """[root base, ..., path]: a file may name `base: other.yaml` (relative to itself) to inherit from."""
+  chain: list[pathlib.Path] = []
+  while path is not None:
+    path = pathlib.Path(path)
+    if not path.is_file():
+      raise ConfigError(f"config file not found: {path}")
+    if path.resolve() in [p.resolve() for p in chain]:
+      raise ConfigError(f"{path}: base chain loops")
+    chain.insert(0, path)
+    try:
+      base = OmegaConf.load(path).get("base")
+    except OmegaConfBaseException as exc:
+      raise _clean(exc, str(path)) from None
+    path = (path.parent / base) if base else None
+  return chain
+
+
 def load_config(path: Optional[str | pathlib.Path] = None, overrides: Sequence[str] = ()) -> RunConfig:
-  """Defaults <- YAML file <- dotted overrides (`loss.name=dapo`), typed and validated.
+  """Defaults <- YAML file (and the files it names as `base:`) <- dotted overrides (`loss.name=dapo`), typed and
+  validated.
 
   Raises ConfigError naming the offending key (and the file or override it came from).
   """
   merged = OmegaConf.structured(RunConfig)
-  if path is not None:
-    path = pathlib.Path(path)
-    if not path.is_file():
-      raise ConfigError(f"config file not found: {path}")
+  for file in _file_chain(path):
     try:
-      loaded = OmegaConf.load(path)
+      loaded = OmegaConf.load(file)
+      loaded.pop("base", None)
       merged = OmegaConf.merge(merged, loaded)
     except OmegaConfBaseException as exc:
-      raise _clean(exc, str(path)) from None
+      raise _clean(exc, str(file)) from None
   for item in overrides:
     if "=" not in item:
       raise ConfigError(f"override {item!r} is not of the form key=value")

@@ -39,9 +39,9 @@ def test_eval_split_is_fixed_across_seeds_and_train_follows_the_seed():
 def test_addition_format_example():
   task = _small(AdditionTask, 3)
   p = (37, 485)
-  assert task._text(p) == "037+485=" and task._answer(p) == "0522" and task._solution(p) == "2250|0522$"
+  assert task._text(p) == "730+584=" and task._answer(p) == "0522" and task._solution(p) == "2250|0522$"
   rec = task.train_records()[0]
-  a, b = int(rec.text[:3]), int(rec.text[4:7])
+  a, b = int(rec.text[:3][::-1]), int(rec.text[4:7][::-1])  # operands are written least-significant first
   assert rec.prompt_id == rec.text and rec.answer == f"{a + b:04d}"
   assert task.solution(rec) == rec.answer[::-1] + "|" + rec.answer + "$"
 

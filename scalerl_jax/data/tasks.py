@@ -14,9 +14,14 @@ small, the training pool holds every remaining problem (fewer than `num_train`).
 
 Formats (character vocabulary in tokenizer.py; the prompt is encoded as BOS + text; '|' ends the thinking, '$' is
 EOS):
-  addition (knob `digits` = d): both operands zero-padded to d digits; the work is the zero-padded (d + 1)-digit sum
-    written least-significant digit first, then '|', then the sum in normal order, then '$'.
-        prompt "037+485="   completion "2250|0522$"   answer "0522"
+  addition (knob `digits` = d): both operands zero-padded to d digits and written least-significant digit first;
+    the work is the zero-padded (d + 1)-digit sum, also least-significant digit first, then '|', then the sum in
+    normal order, then '$'. For 37 + 485:
+        prompt "730+584="   completion "2250|0522$"   answer "0522"
+    Why digits run backwards: sum digit i then sits at a fixed distance from operand digits i, the distance a
+    rotary-position model attends over. With operands in normal order that distance changes with i and a 0.4M
+    model needed ~2x the warm-start steps to leave its plateau (measured: per-digit accuracy at chance after 300
+    steps vs solved by 250).
     Reward: exact match of the text after the last '|' (up to '$') with the zero-padded sum. No '|', no answer.
   countdown (knob = how many numbers, `data.digits` for the built-in config; numbers 1..9, sorted in the prompt):
     reach the target with + - * and exact integer /, each number used at most once. The work is a running chain of
@@ -123,7 +128,8 @@ class AdditionTask(_BuiltinTask):
     return [(int(a), int(b)) for a, b in ab]
 
   def _text(self, p: tuple[int, int]) -> str:
-    return f"{p[0]:0{self.digits}d}+{p[1]:0{self.digits}d}="
+    a, b = f"{p[0]:0{self.digits}d}", f"{p[1]:0{self.digits}d}"
+    return f"{a[::-1]}+{b[::-1]}="  # operands least-significant digit first, like the work
 
   def _answer(self, p: tuple[int, int]) -> str:
     return f"{p[0] + p[1]:0{self.digits + 1}d}"

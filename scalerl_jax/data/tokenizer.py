@@ -56,7 +56,10 @@ class CharTokenizer:
     return [self._ids[c] for c in text]
 
   def decode(self, ids: Sequence[int]) -> str:
-    return "".join(self._chars[int(i)] for i in ids)
+    """Ids past the vocabulary (a model's vocab_size may be padded beyond it) decode to U+FFFD, so a sample that
+    emits one can never match an answer."""
+    n = len(self._chars)
+    return "".join(self._chars[int(i)] if 0 <= int(i) < n else "\ufffd" for i in ids)
 
   def encode_prompt(self, text: str) -> list[int]:
     return [self.bos_id] + self.encode(apply_template(self.chat_template, text))

@@ -57,7 +57,7 @@ class Policy:
 
   def init_cache(self, batch: int, length: int) -> list[LayerCache]:
     c = self.cfg
-    shape = (batch, length, c.num_kv_heads, c.head_dim)
+    shape = (batch, c.num_kv_heads, length, c.head_dim)  # LayerCache k_BKSH / v_BKSH
     zeros = lambda: jnp.zeros(shape, _dtype(c.dtype))
     return [LayerCache(zeros(), zeros()) for _ in range(c.num_layers)]
 

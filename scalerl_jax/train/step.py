@@ -29,8 +29,18 @@ def split_micro_batches(batch: Any, num: int) -> Any:
   return jax.tree.map(split, batch)
 
 
-def accumulate_gradients(loss_fn: LossFn, params: Any, batch: Any, micro_batches: int):
-  """Sum of (loss, metric sums, grads) over micro-batches; one scan, fp32 accumulators."""
+def _add(a, b):
+  return jax.tree.map(lambda x, y: x + y.astype(jnp.float32), a, b)
+
+
+def accumulate_gradients(loss_fn: LossFn, params: Any, batch: Any, micro_batches: int,
+                         metrics_init: Optional[Callable[[], dict]] = None,
+                         metrics_combine: Optional[Callable[[dict, dict], dict]] = None):
+  """(loss, metrics, grads) summed over micro-batches in one scan with fp32 accumulators.
+
+  Metrics start from `metrics_init()` and combine with `metrics_combine(acc, new)` (default: zeros and +; a
+  loss library may combine some keys by min/max).
+  """
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if micro_batches == 1:
     (loss, metrics), grads = grad_fn(params, batch)
@@ -40,12 +50,14 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: Any, micro_batches
   first = jax.tree.map(lambda x: x[0], mbs)
   (_, metrics_shape), _ = jax.eval_shape(grad_fn, params, first)
   zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), tree)
-  init = (jnp.zeros((), jnp.float32), zeros(metrics_shape), zeros(params))
+  init_metrics = metrics_init() if metrics_init is not None else zeros(metrics_shape)
+  combine = metrics_combine or _add
+  init = (jnp.zeros((), jnp.float32), init_metrics, zeros(params))
 
   def body(carry, mb):
     (loss, metrics), grads = grad_fn(params, mb)
-    add = lambda a, b: a + b.astype(jnp.float32)
-    return jax.tree.map(add, carry, (loss, metrics, grads)), None
+    acc_loss, acc_metrics, acc_grads = carry
+    return (acc_loss + loss.astype(jnp.float32), combine(acc_metrics, metrics), _add(acc_grads, grads)), None
 
   (loss, metrics, grads), _ = jax.lax.scan(body, init, mbs)
   grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
@@ -54,14 +66,15 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: Any, micro_batches
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, micro_batches: int = 1,
                     state_shardings: Optional[TrainState] = None, batch_shardings: Any = None,
-                    eager: bool = False):
+                    eager: bool = False, metrics_init=None, metrics_combine=None):
   """Returns `step(state, batch) -> (state, metrics)`, jitted with explicit shardings and a donated state.
 
   `eager=True` returns the same function un-jitted, for stepping through with a debugger.
   """
 
   def step(state: TrainState, batch: Any):
-    loss, metrics, grads = accumulate_gradients(loss_fn, state.params, batch, micro_batches)
+    loss, metrics, grads = accumulate_gradients(loss_fn, state.params, batch, micro_batches, metrics_init,
+                                                metrics_combine)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     out = dict(metrics)

@@ -1,0 +1,222 @@
+"""PipelineRL-k and PPO-off-policy-k: one controller process, a generator thread and the trainer (main thread).
+
+    ┌──────────────── generator thread (generator mesh) ─────────────────┐
+    │ admit batch b  iff  policy.may_admit(b, v_gen)                     │   prompts: data pipeline, in order
+    │ driver.step(params_gen, v_gen): refill slots, N fused decode steps │◄── WeightBox: latest (params, v)
+    │ finished group -> reward -> slot of batch b; batch b complete ──┐  │    read between decode chunks
+    └─────────────────────────────────────────────────────────────────┼──┘
+                                                  BatchBuffer (by index)│
+    ┌──────────────── trainer (main thread, trainer mesh) ────────────▼──┐
+    │ step s: wait for batch s; check oldest token version >= s - k      │
+    │ TrainBatch (rl.prepare) -> jitted step -> params v = s + 1         │
+    │ weight sync: copy params into the rollout layout, publish (., v) ──┼──► WeightBox
+    │ every N steps: held-out eval; every M steps: checkpoint            │
+    └────────────────────────────────────────────────────────────────────┘
+
+The one staleness number is k = pipeline.max_lag. Batch b is the b-th group of `prompts_per_step` prompts in
+data order and is consumed by optimizer step b, which turns params of version b into version b + 1.
+
+Ordering contract of weight sync:
+  1. the trainer finishes step s and copies the new params into the generator's layout (a fresh buffer: the
+     train state is donated to the next step);
+  2. it publishes (params, s + 1) to the WeightBox; the generator picks it up before its next decode chunk, so
+     every token generated from then on records version s + 1. In-flight sequences continue on the new params
+     with the KV cache their earlier tokens got from older params (PipelineRL); nothing is drained or recomputed;
+  3. admission: PipelineRL-k admits batch b only while v_gen >= b - k. Versions only grow, so every token of
+     batch b has version >= b - k when step b consumes it: the bound holds by construction and no finished work
+     is ever thrown away. The trainer still checks it and fails loudly if it were ever violated.
+  PPO-off-policy-k admits batch b only once v_gen >= floor(b / k) * k and publishes weights only every k steps:
+  k batches are generated with frozen params, then k optimizer steps are taken.
+  k = 0 is the synchronous loop: batch b is generated entirely by params of version b.
+
+Failure: an exception in the generator thread (or the reward code it calls) stops the run; the trainer re-raises
+it with the generator's traceback. Waits poll a stop event, so nothing hangs. Ctrl-C sets a flag; the trainer
+checkpoints at the next step boundary and exits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import traceback
+from typing import Any, Callable, Optional, Sequence
+
+from scalerl_jax import types
+
+
+class PipelineError(RuntimeError):
+  pass
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmissionPolicy:
+  mode: str  # pipeline | ppo_offpolicy | sync
+  k: int
+
+  @classmethod
+  def from_config(cls, mode: str, max_lag: int) -> "AdmissionPolicy":
+    return cls(mode, 0 if mode == "sync" else max_lag)
+
+  def may_admit(self, batch: int, version: int) -> bool:
+    if self.mode == "ppo_offpolicy":
+      return version >= (batch // self.k) * self.k
+    return version >= batch - self.k
+
+  def publishes(self, version: int) -> bool:
+    """Whether params of this version go to the generators."""
+    return self.mode != "ppo_offpolicy" or version % self.k == 0
+
+  def oldest_allowed(self, step: int) -> int:
+    """The oldest token version step `step` may consume."""
+    if self.mode == "ppo_offpolicy":
+      return (step // self.k) * self.k
+    return step - self.k
+
+
+class WeightBox:
+  """The latest published (params, version); the generator reads it between decode chunks."""
+
+  def __init__(self, params: Any, version: int):
+    self._cond = threading.Condition()
+    self._params, self._version = params, version
+
+  def publish(self, params: Any, version: int) -> None:
+    with self._cond:
+      self._params, self._version = params, version
+      self._cond.notify_all()
+
+  def latest(self) -> tuple[Any, int]:
+    with self._cond:
+      return self._params, self._version
+
+  def wait_newer(self, version: int, timeout: float) -> None:
+    with self._cond:
+      self._cond.wait_for(lambda: self._version > version, timeout=timeout)
+
+
+@dataclasses.dataclass
+class ScoredBatch:
+  index: int
+  groups: list[types.Group]
+  admitted_version: int  # generator version when the batch was admitted
+  finished_at: float  # time.perf_counter()
+
+
+class BatchBuffer:
+  """Completed batches by index; `get(b)` waits for batch b, polling the stop event."""
+
+  def __init__(self, stop: threading.Event):
+    self._cond = threading.Condition()
+    self._batches: dict[int, ScoredBatch] = {}
+    self._stop = stop
+
+  def put(self, batch: ScoredBatch) -> None:
+    with self._cond:
+      self._batches[batch.index] = batch
+      self._cond.notify_all()
+
+  def get(self, index: int, poll: float = 0.1) -> Optional[ScoredBatch]:
+    with self._cond:
+      while index not in self._batches:
+        if self._stop.is_set():
+          return None
+        self._cond.wait(poll)
+      return self._batches.pop(index)
+
+
+@dataclasses.dataclass
+class GeneratorStats:
+  idle_s: float = 0.0  # waiting for weights with nothing in flight (admission paced by the staleness bound)
+  busy_s: float = 0.0
+  weight_updates: int = 0  # new versions picked up between decode chunks
+  in_flight_updates: int = 0  # ... of which arrived while sequences were in flight (no drain)
+  waits_for_weights: int = 0  # times it had nothing to do until new weights came
+
+
+class GeneratorThread(threading.Thread):
+  """Streams batches [start, end) through the rollout driver; see the module docstring."""
+
+  def __init__(self, *, driver, next_prompts: Callable[[int], Sequence[types.Prompt]],
+               score: Callable[[Any], types.Group], weights: WeightBox, policy: AdmissionPolicy, samples: int,
+               start: int, end: int, out: BatchBuffer, stop: threading.Event):
+    super().__init__(name="generator", daemon=True)
+    self.driver, self.next_prompts, self.score = driver, next_prompts, score
+    self.weights, self.policy, self.samples = weights, policy, samples
+    self.start_batch, self.end, self.out, self.stop_event = start, end, out, stop
+    self.stats = GeneratorStats()
+    self.error: Optional[BaseException] = None
+    self.error_text = ""
+
+  def run(self) -> None:
+    try:
+      self._loop()
+    except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which re-raises it
+      self.error, self.error_text = exc, traceback.format_exc()
+      self.stop_event.set()
+
+  def _loop(self) -> None:
+    driver, stats = self.driver, self.stats
+    next_batch = self.start_batch
+    where: dict[int, tuple[int, int]] = {}  # driver uid -> (batch, position)
+    pending: dict[int, list] = {}  # batch -> groups (None until scored)
+    admitted_at: dict[int, int] = {}
+    last_version = None
+    while not self.stop_event.is_set():
+      params, version = self.weights.latest()
+      if last_version is not None and version != last_version:
+        stats.weight_updates += 1
+        stats.in_flight_updates += int(driver.busy)
+      last_version = version
+      while next_batch < self.end and self.policy.may_admit(next_batch, version):
+        prompts = list(self.next_prompts(next_batch))
+        pending[next_batch], admitted_at[next_batch] = [None] * len(prompts), version
+        for pos, prompt in enumerate(prompts):
+          where[driver.submit(prompt, self.samples)] = (next_batch, pos)
+        next_batch += 1
+      if not (driver.busy or driver.queued_prompts):
+        if next_batch >= self.end:
+          return
+        t = time.perf_counter()
+        stats.waits_for_weights += 1
+        self.weights.wait_newer(version, timeout=0.05)
+        stats.idle_s += time.perf_counter() - t
+        continue
+      t = time.perf_counter()
+      finished = driver.step(params, version)
+      for rollout_group in finished:
+        b, pos = where.pop(rollout_group.uid)
+        pending[b][pos] = self.score(rollout_group)
+        if all(g is not None for g in pending[b]):
+          self.out.put(ScoredBatch(b, pending.pop(b), admitted_at.pop(b), time.perf_counter()))
+      stats.busy_s += time.perf_counter() - t
+
+
+def run_pipeline(*, generator: GeneratorThread, consume: Callable[[ScoredBatch], bool], start: int, end: int,
+                 interrupted: Callable[[], bool], join_timeout: float = 30.0) -> int:
+  """Runs the generator thread and feeds batches start..end-1 to `consume` on this thread in order.
+
+  `consume(batch)` trains one step and returns False to stop early. Returns the number of steps consumed.
+  Raises PipelineError (chained to the generator's exception) when the generator thread failed.
+  """
+  stop = generator.stop_event
+  generator.start()
+  done = 0
+  try:
+    for step in range(start, end):
+      if interrupted():
+        break
+      batch = generator.out.get(step)
+      if batch is None:  # stopped: the generator failed (or someone else stopped the run)
+        break
+      done += 1
+      if not consume(batch):
+        break
+  finally:
+    stop.set()
+    generator.join(timeout=join_timeout)
+  if generator.error is not None:
+    raise PipelineError(f"generator thread failed:\n{generator.error_text}") from generator.error
+  if generator.is_alive():
+    raise PipelineError(f"generator thread did not stop within {join_timeout:.0f} s")
+  return done

@@ -1,0 +1,121 @@
+"""Supervised warm start for the built-in tasks, cached on disk.
+
+The paper starts RL from an SFT'd model; the embedded CPU default gets the same from a few dozen steps of
+next-token training on the task's reference solutions. Training stops as soon as mean@n on the task's
+warm-start validation split (disjoint from the RL training pool's evaluation split) reaches
+`warm_start.target_pass_rate`, so RL starts from a policy that sometimes succeeds (RL needs groups with reward
+variance) but is far from solved. The result is cached under `warm_start.cache_dir`, keyed by everything that
+determines it, as a safetensors file; a second run starts in a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import pathlib
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from scalerl_jax.config import RunConfig
+from scalerl_jax.mesh import batch_sharding
+from scalerl_jax.model import Policy, next_token_loss
+from scalerl_jax.train.state import init_train_state, make_optimizer, state_shardings
+from scalerl_jax.train.step import make_train_step
+
+log = logging.getLogger(__name__)
+
+
+def cache_path(cfg: RunConfig, task) -> pathlib.Path:
+  """Keyed by everything that determines the warm start, the task's own format included (its first problems)."""
+  sample = [(r.text, task.solution(r)) for r in task.train_records()[:3]]
+  key = {"sample": sample, "model": dataclasses.asdict(cfg.model), "warm_start": dataclasses.asdict(cfg.warm_start),
+         "task": [cfg.data.task, cfg.data.digits, cfg.data.num_train, cfg.data.num_eval, cfg.data.seed,
+                  cfg.data.tokenizer, cfg.data.chat_template], "seed": cfg.seed,
+         "rollout": [cfg.rollout.max_prefill_len, cfg.rollout.max_new_tokens], "eval_samples": cfg.pipeline.eval_samples}
+  digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+  return pathlib.Path(cfg.warm_start.cache_dir).expanduser() / f"{cfg.data.task}-{digest}.safetensors"
+
+
+def _flatten(params: Any) -> dict[str, np.ndarray]:
+  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  return {jax.tree_util.keystr(path): np.asarray(x) for path, x in leaves}
+
+
+def _unflatten(policy: Policy, flat: dict[str, np.ndarray]) -> Any:
+  paths = jax.tree_util.tree_flatten_with_path(policy.param_shapes)[0]
+  missing = [jax.tree_util.keystr(p) for p, _ in paths if jax.tree_util.keystr(p) not in flat]
+  if missing:
+    raise ValueError(f"warm-start cache lacks {missing[:3]}...")
+  return jax.tree.unflatten(jax.tree.structure(policy.param_shapes), [flat[jax.tree_util.keystr(p)] for p, _ in paths])
+
+
+def supervised_rows(prompts_tokens: list[list[int]], solutions: list[list[int]], row_len: int, pad_id: int):
+  """tokens [N, row_len] of prompt + solution, and a mask of the solution tokens."""
+  n = len(prompts_tokens)
+  tokens = np.full((n, row_len), pad_id, np.int32)
+  mask = np.zeros((n, row_len), np.float32)
+  for i, (p, s) in enumerate(zip(prompts_tokens, solutions)):
+    row = (list(p) + list(s))[:row_len]
+    tokens[i, :len(row)] = row
+    mask[i, len(p):len(row)] = 1.0
+  return tokens, mask
+
+
+def warm_start(cfg: RunConfig, policy: Policy, mesh, rules, task, tokenizer,
+               evaluate: Callable[[Any], float], progress: bool = True) -> tuple[Any, dict]:
+  """Params after the supervised warm start (from the cache when present) and a summary dict."""
+  path = cache_path(cfg, task)
+  if path.exists():
+    params = _unflatten(policy, load_file(str(path)))
+    return params, {"warm_start/cached": 1.0, "warm_start/path": str(path)}
+
+  ws = cfg.warm_start
+  opt = make_optimizer(dataclasses.replace(cfg.optimizer, lr=ws.lr, warmup_steps=0, eps=ws.eps, grad_clip=ws.grad_clip))
+  state = init_train_state(policy, opt, mesh, rules, seed=cfg.seed)
+  row_len = cfg.rollout.max_prefill_len + cfg.rollout.max_new_tokens
+  records = task.train_records()
+  prompts = [tokenizer.encode_prompt(r.text) for r in records]
+  solutions = [tokenizer.encode(task.solution(r)) for r in records]
+  tokens_all, mask_all = supervised_rows(prompts, solutions, row_len, tokenizer.pad_id)
+  bsh = batch_sharding(mesh, rules, 2, ws.batch_size)
+  step_fn = make_train_step(lambda p, b: next_token_loss(policy, p, b["tokens"], b["weights"]), opt, 1,
+                            state_shardings(policy, opt, mesh, rules), {"tokens": bsh, "weights": bsh})
+  rng = np.random.default_rng(cfg.seed)
+  t0, pass_rate, history = time.perf_counter(), 0.0, []
+  bar = None
+  if progress:
+    from tqdm.auto import tqdm
+    bar = tqdm(total=ws.max_steps, desc="warm start (supervised)", unit="step", leave=False)
+  step = 0
+  for step in range(1, ws.max_steps + 1):
+    idx = rng.choice(len(tokens_all), ws.batch_size, replace=False)
+    mask = mask_all[idx]
+    batch = jax.device_put({"tokens": tokens_all[idx], "weights": mask / mask.sum()}, bsh)
+    state, metrics = step_fn(state, batch)
+    if bar is not None:
+      bar.update(1)
+    if step % ws.eval_every == 0:
+      pass_rate = evaluate(state.params)
+      history.append((step, pass_rate))
+      if bar is not None:
+        bar.set_postfix(loss=f"{float(metrics['loss']):.3f}", pass_rate=f"{pass_rate:.3f}")
+      if pass_rate >= ws.target_pass_rate:
+        break
+  if bar is not None:
+    bar.close()
+  if pass_rate < ws.target_pass_rate:
+    log.warning("warm start reached pass rate %.3f < target %.3f after %d steps", pass_rate, ws.target_pass_rate,
+                ws.max_steps)
+  params = jax.device_get(state.params)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(".tmp")
+  save_file(_flatten(params), str(tmp))
+  tmp.replace(path)
+  return params, {"warm_start/cached": 0.0, "warm_start/steps": step, "warm_start/pass_rate": pass_rate,
+                  "warm_start/seconds": time.perf_counter() - t0, "warm_start/path": str(path)}
