@@ -209,11 +209,12 @@ class RLJob:
     }
     self._pending = (step, device_metrics, host, train_batch.tokens.size, time.perf_counter() - t0 + wait_s, wait_s)
     self.meter.train_busy_s += time.perf_counter() - t0
+    self.logger.write_prompts(step, [g.prompt.prompt_id for g in batch.groups])
     if cfg.pipeline.eval_every and version % cfg.pipeline.eval_every == 0:
       self._flush_pending(evaluate=True)
     if version % cfg.checkpoint.every_steps == 0:
+      self._flush_pending()  # the metrics of every step a checkpoint covers are written before it
       self.checkpoint(version)
-    self.logger.write_prompts(step, [g.prompt.prompt_id for g in batch.groups])
     return not self._interrupt.is_set()
 
   def _flush_pending(self, evaluate: bool = False) -> None:

@@ -30,9 +30,9 @@ class MetricsLogger:
     if resume_step is None:
       for p in (self.path, self.prompts_path):
         p.unlink(missing_ok=True)
-    else:
-      for p in (self.path, self.prompts_path):
-        self._truncate(p, resume_step)
+    else:  # metrics lines carry the version after the step (<= s survive); prompt lines the batch index (< s)
+      self._truncate(self.path, resume_step)
+      self._truncate(self.prompts_path, resume_step - 1)
     self._tb = None
     if tensorboard:
       from tensorboardX import SummaryWriter
