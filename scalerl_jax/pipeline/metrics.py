@@ -53,7 +53,7 @@ class MetricsLogger:
     path.write_text("".join(l + "\n" for l in keep))
 
   def write(self, step: int, metrics: dict) -> None:
-    record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+    record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}, "time/unix": time.time()}
     with self.path.open("a") as f:
       f.write(json.dumps(record) + "\n")
     if self._tb is not None:

@@ -82,6 +82,8 @@ def warm_start(cfg: RunConfig, policy: Policy, mesh, rules, task, tokenizer,
   records = task.train_records()
   prompts = [tokenizer.encode_prompt(r.text) for r in records]
   solutions = [tokenizer.encode(task.solution(r)) for r in records]
+  longest = max(len(p) + len(q) for p, q in zip(prompts, solutions))
+  row_len = min(row_len, -(-longest // 8) * 8)  # no compute on padding beyond the longest example
   tokens_all, mask_all = supervised_rows(prompts, solutions, row_len, tokenizer.pad_id)
   bsh = batch_sharding(mesh, rules, 2, ws.batch_size)
   step_fn = make_train_step(lambda p, b: next_token_loss(policy, p, b["tokens"], b["weights"]), opt, 1,

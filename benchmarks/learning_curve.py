@@ -1,0 +1,85 @@
+"""Learning-curve benchmark of the embedded CPU default (`python launch/train.py` with no arguments).
+
+For each seed, runs the main job in a fresh process and a fresh warm-start cache, then reports, counted from
+process start (imports, compilation and warm start included): the held-out mean@n after the warm start, when it
+first rose by +0.20 and +0.40, the best and final values (a collapse shows as final << best), greedy pass@1, and the
+total wall time. Prints a table and writes benchmarks/results/learning_curve.json (date, machine, command, the
+per-evaluation curve against step and compute).
+
+    python benchmarks/learning_curve.py [--seeds 0 1 2] [--steps N] [key=value ...]
+"""
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def run_seed(seed: int, steps, extra, workdir: pathlib.Path) -> dict:
+  run_dir = workdir / f"seed{seed}"
+  cmd = [sys.executable, str(ROOT / "launch" / "train.py"), f"run_dir={run_dir}", f"seed={seed}", f"data.seed={seed}",
+         f"warm_start.cache_dir={workdir / 'ws_cache'}", "logging.progress=false", *extra]
+  if steps:
+    cmd.append(f"pipeline.steps={steps}")
+  start = time.time()
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+  total = time.time() - start
+  if proc.returncode != 0:
+    raise RuntimeError(f"seed {seed} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+  rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  evals = [r for r in rows if r.get("eval/pass_rate") is not None]
+  r0 = evals[0]["eval/pass_rate"]
+
+  def first_time(gain):
+    for r in evals:
+      if r["eval/pass_rate"] >= r0 + gain:
+        return round(r["time/unix"] - start, 1), r["step"]
+    return None, None
+
+  t20, s20 = first_time(0.20)
+  t40, s40 = first_time(0.40)
+  best = max(evals, key=lambda r: r["eval/pass_rate"])
+  return {
+      "seed": seed, "warm_start_pass_rate": r0, "rl_start_s": round(evals[0]["time/unix"] - start, 1),
+      "t_plus_0.20_s": t20, "step_plus_0.20": s20, "t_plus_0.40_s": t40, "step_plus_0.40": s40,
+      "best": best["eval/pass_rate"], "best_step": best["step"], "final": evals[-1]["eval/pass_rate"],
+      "greedy_start": evals[0].get("eval/greedy_pass_at_1"), "greedy_final": evals[-1].get("eval/greedy_pass_at_1"),
+      "total_s": round(total, 1), "report": proc.stdout.strip().splitlines()[-8:],
+      "curve": [{"step": r["step"], "pass_rate": r["eval/pass_rate"], "greedy": r.get("eval/greedy_pass_at_1"),
+                 "accelerator_seconds": r.get("compute/accelerator_seconds"), "flops": r.get("compute/flops"),
+                 "t_s": round(r["time/unix"] - start, 1)} for r in evals],
+  }
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  parser.add_argument("--steps", type=int, default=None)
+  parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "learning_curve.json"))
+  parser.add_argument("overrides", nargs="*")
+  args = parser.parse_args()
+  results = []
+  with tempfile.TemporaryDirectory() as tmp:
+    for seed in args.seeds:
+      results.append(run_seed(seed, args.steps, args.overrides, pathlib.Path(tmp)))
+      r = results[-1]
+      print(f"seed {seed}: warm start {r['warm_start_pass_rate']:.3f} (RL from {r['rl_start_s']} s) | +0.20 at "
+            f"{r['t_plus_0.20_s']} s | +0.40 at {r['t_plus_0.40_s']} s (step {r['step_plus_0.40']}) | best "
+            f"{r['best']:.3f} @ step {r['best_step']} | final {r['final']:.3f} | greedy {r['greedy_start']:.3f} -> "
+            f"{r['greedy_final']:.3f} | total {r['total_s']} s", flush=True)
+  out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": platform.uname()._asdict(),
+         "cpu_count": os.cpu_count(), "command": " ".join([sys.executable, *sys.argv]), "results": results}
+  pathlib.Path(args.out).write_text(json.dumps(out, indent=2))
+  print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+  main()
