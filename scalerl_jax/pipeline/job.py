@@ -315,7 +315,8 @@ class RLJob:
       done = run_pipeline(generator=self._generator, consume=consume, start=self.start_step, end=self.cfg.pipeline.steps,
                           interrupted=self._interrupt.is_set)
     finally:
-      signal.signal(signal.SIGINT, previous) if previous is not None else None
+      if previous is not None:
+        signal.signal(signal.SIGINT, previous)
     return self._finish(done)
 
   def run_sync(self) -> dict:

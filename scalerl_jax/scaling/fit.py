@@ -193,6 +193,22 @@ def _refine(c, r, best):
   return (cand, cand_sse) if cand_sse < best[1] else best
 
 
+def _best_start(f, c, r, starts, what: str, **kw):
+  """`curve_fit` from each start; the least sum of squared residuals wins."""
+  best = None
+  for p0 in starts:
+    try:
+      theta, _ = _curve_fit(f, c, r, p0=p0, **kw)
+    except (RuntimeError, ValueError):
+      continue
+    sse = float(np.sum((f(c, *theta) - r) ** 2))
+    if best is None or sse < best[1]:
+      best = (theta, sse)
+  if best is None:
+    raise CurveDataError(f"{what} fit failed from every start")
+  return best
+
+
 def fit_fixed_a(c, r, r0: float, a: float, **kw) -> LsqFit:
   """(B, C_mid) by least squares with A held at `a` (the paper's rule for comparing B across runs)."""
   fit = fit_paper(c, r, r0, a_grid=[a], **kw)
@@ -219,21 +235,10 @@ def fit_free(c, r, r0: float, *, fit_r0: bool = False) -> LsqFit:
     p = SigmoidParams(theta[0], np.exp(theta[1]), np.exp(theta[2]), theta[3] if fit_r0 else r0)
     return _jacobian(cc, p, fit_r0)
 
-  best = None
-  for a0 in (min(r_top + 0.02, 0.99), min(r_top + 0.3 * (1 - r_top), 0.995)):
-    for m0 in (np.log(np.median(pos)), np.log(pos.max())):
-      p0 = [a0, np.log(1.5), m0] + ([r0] if fit_r0 else [])
-      p0 = np.clip(p0, np.array(lo) + 1e-9, np.array(hi) - 1e-9)
-      try:
-        theta, _ = _curve_fit(f, c, r, p0=p0, bounds=(lo, hi), jac=jac)
-      except (RuntimeError, ValueError):
-        continue
-      sse = float(np.sum((f(c, *theta) - r) ** 2))
-      if best is None or sse < best[1]:
-        best = (theta, sse)
-  if best is None:
-    raise CurveDataError("free sigmoid fit failed from every start")
-  theta, sse = best
+  starts = [np.clip([a0, np.log(1.5), m0] + ([r0] if fit_r0 else []), np.array(lo) + 1e-9, np.array(hi) - 1e-9)
+            for a0 in (min(r_top + 0.02, 0.99), min(r_top + 0.3 * (1 - r_top), 0.995))
+            for m0 in (np.log(np.median(pos)), np.log(pos.max()))]
+  theta, sse = _best_start(f, c, r, starts, "free sigmoid", bounds=(lo, hi), jac=jac)
   params = SigmoidParams(float(theta[0]), float(np.exp(theta[1])), float(np.exp(theta[2])),
                          float(theta[3]) if fit_r0 else float(r0))
   return LsqFit(params, sse, len(c), "free", _covariance(c, r, params, fit_r0), fit_r0)
@@ -245,18 +250,7 @@ def fit_power_law(c, r) -> PowerLawFit:
   if np.any(c <= 0):
     raise CurveDataError("the power law needs C > 0 (it diverges at zero compute)")
   f = lambda cc, a, ld, b: a - np.exp(ld - b * np.log(cc))  # noqa: E731
-  best = None
-  for b0 in (0.3, 1.0, 2.0):
-    a0 = min(float(np.max(r)) + 0.05, 0.999)
-    ld0 = np.log(max(a0 - float(r[0]), 1e-3)) + b0 * np.log(c[0])
-    try:
-      theta, _ = _curve_fit(f, c, r, p0=[a0, ld0, b0], bounds=([0.0, -np.inf, 0.01], [1.0, np.inf, 10.0]))
-    except (RuntimeError, ValueError):
-      continue
-    sse = float(np.sum((f(c, *theta) - r) ** 2))
-    if best is None or sse < best[1]:
-      best = (theta, sse)
-  if best is None:
-    raise CurveDataError("power-law fit failed from every start")
-  (a, ld, b), sse = best
+  a0 = min(float(np.max(r)) + 0.05, 0.999)
+  starts = [[a0, np.log(max(a0 - float(r[0]), 1e-3)) + b0 * np.log(c[0]), b0] for b0 in (0.3, 1.0, 2.0)]
+  (a, ld, b), sse = _best_start(f, c, r, starts, "power-law", bounds=([0.0, -np.inf, 0.01], [1.0, np.inf, 10.0]))
   return PowerLawFit(PowerLawParams(float(a), float(np.exp(ld)), float(b)), sse, len(c))
