@@ -1,0 +1,283 @@
+"""Continuous batching over the engine's decode slots, with per-token versions and groups of samples per prompt.
+
+One `step(params, version)`:
+
+    refill free slots ── prefill_insert (one jitted call per prompt-length bucket: many prompts, many slots;
+         │               each prompt is prefilled once and its KV copied into the slots of its samples)
+         ▼
+    generate ─────────── `decode_chunk` fused decode steps over all slots, tokens stamped with `version`
+         │
+         ▼
+    collect ──────────── host numpy: append each slot's tokens, free the slots that finished, return the
+                         prompt groups whose samples are all finished
+
+In-flight weight update (PipelineRL): pass new params / version to the next `step`. Nothing is drained and no KV
+is recomputed: a sample in flight keeps the KV its earlier tokens got from the old params, and its tokens record
+both versions. The pipeline paces admission under its staleness bound with `admit` / `can_admit` and reads
+`oldest_version`; samples of a prompt that has started are always admitted (a started group is never dropped).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Callable, Iterable, Iterator, Optional, Sequence
+
+import jax
+import numpy as np
+
+from scalerl_jax import types
+from scalerl_jax.model.policy import Params
+from scalerl_jax.rollout.engine import Engine
+from scalerl_jax.rollout.sampling import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutGroup:
+  """All samples of one prompt, unscored (rewards come next)."""
+  prompt: types.Prompt
+  samples: tuple[types.Sample, ...]  # G samples, in sample-index order
+  uid: int = -1  # admission number within its driver (submission / iterator order)
+
+
+@dataclasses.dataclass
+class RolloutStats:
+  """Cumulative counters over finished samples."""
+  samples: int = 0
+  tokens: int = 0  # generated tokens, forced ones included
+  forced_tokens: int = 0
+  interrupted: int = 0
+  truncated: int = 0
+
+  @property
+  def interruption_rate(self) -> float:
+    return self.interrupted / max(self.samples, 1)
+
+  @property
+  def truncation_rate(self) -> float:
+    return self.truncated / max(self.samples, 1)
+
+
+class _Group:
+  """Host bookkeeping of one prompt's n samples."""
+
+  def __init__(self, prompt: types.Prompt, n: int, uid: int):
+    self.prompt, self.n, self.uid = prompt, n, uid
+    self.tokens = np.asarray(prompt.tokens, np.int32)
+    self.next_sample = 0  # samples admitted so far
+    self.samples: list[Optional[types.Sample]] = [None] * n
+    self.unfinished = n
+    self.min_version = np.iinfo(np.int32).max  # over the tokens of its finished samples
+
+
+class RolloutDriver:
+  """Keeps every decode slot busy; see the module docstring."""
+
+  def __init__(self, engine: Engine, *, seed: int = 0, sampling: Optional[SamplingParams] = None,
+               steps: Optional[int] = None):
+    self.engine = engine
+    self.sampling = sampling or engine.default_sampling
+    self.steps = steps or engine.cfg.decode_chunk  # decode steps fused into one generate call
+    self.admit = True  # the pipeline clears this to pause admission of new prompts
+    self.can_admit: Optional[Callable[[], bool]] = None  # or paces it with a callback, asked per new prompt
+    self.stats = RolloutStats()
+    self.last_eval_stats = RolloutStats()  # of the latest generate_all
+    self.seed = seed
+    self._base_key = jax.random.key(seed)
+    self._state = None  # DecodeState, allocated on first use
+    self._eval_state = None  # generate_all's own DecodeState, kept between calls (all slots idle)
+    B, T = engine.max_concurrent_decodes, engine.cfg.max_new_tokens
+    self._slot_uid = np.full((B,), -1, np.int64)  # group uid per slot, -1 = free
+    self._slot_sample = np.zeros((B,), np.int64)
+    self._len_B = np.zeros((B,), np.int64)
+    self._tok_BT = np.zeros((B, T), np.int32)
+    self._logp_BT = np.zeros((B, T), np.float32)
+    self._ver_BT = np.zeros((B, T), np.int32)
+    self._forced_BT = np.zeros((B, T), bool)
+    self._groups: dict[int, _Group] = {}  # started and unfinished
+    self._started: collections.deque[_Group] = collections.deque()  # started, samples left to admit
+    self._queued: collections.deque[_Group] = collections.deque()  # submitted, not started
+    self._source: Optional[Iterator[types.Prompt]] = None
+    self._source_n = 0
+    self._next_uid = 0
+
+  # ---- input ---------------------------------------------------------------------------------------------
+  def submit(self, prompt: types.Prompt, n: int) -> int:
+    """Queue one prompt for n samples (started when admission allows); returns its uid (admission number, which
+    also keys its samples' random streams)."""
+    if n < 1:
+      raise ValueError(f"n must be >= 1, got {n}")
+    self.engine.bucket(len(prompt.tokens))  # fail now on a prompt that is too long
+    group = _Group(prompt, n, self._take_uid())
+    self._queued.append(group)
+    return group.uid
+
+  @property
+  def first_uid(self) -> int:
+    return self._next_uid
+
+  @first_uid.setter
+  def first_uid(self, uid: int) -> None:
+    """Continue the uid numbering (a resumed run: fresh random streams for the batches it generates)."""
+    if self._groups or self._queued:
+      raise RuntimeError("first_uid can only be set on an idle driver")
+    self._next_uid = int(uid)
+
+  def admit_from(self, prompts: Iterable[types.Prompt], n: int) -> None:
+    """Pull prompts from an iterator (after the submitted ones) whenever slots are free and admission allows."""
+    self._source, self._source_n = iter(prompts), n
+
+  def _take_uid(self) -> int:
+    self._next_uid += 1
+    return self._next_uid - 1
+
+  def _may_start(self) -> bool:
+    return self.admit and (self.can_admit is None or self.can_admit())
+
+  def _next_new_group(self) -> Optional[_Group]:
+    if self._queued:
+      return self._queued.popleft()
+    if self._source is not None:
+      prompt = next(self._source, None)
+      if prompt is not None:
+        self.engine.bucket(len(prompt.tokens))
+        return _Group(prompt, self._source_n, self._take_uid())
+      self._source = None
+    return None
+
+  # ---- counters --------------------------------------------------------------------------------------------
+  @property
+  def idle_slots(self) -> int:
+    return int(np.sum(self._slot_uid < 0))
+
+  @property
+  def in_flight_prompts(self) -> int:
+    """Prompts started and not yet returned."""
+    return len(self._groups)
+
+  @property
+  def queued_prompts(self) -> int:
+    return len(self._queued)
+
+  @property
+  def oldest_version(self) -> Optional[int]:
+    """Min policy version over the sampled tokens of in-flight prompts (their finished samples included, since
+    a group is consumed whole); None when no such token exists."""
+    T = self._ver_BT.shape[1]
+    mask_BT = (np.arange(T)[None, :] < self._len_B[:, None]) & (self._ver_BT >= 0)
+    candidates = [int(self._ver_BT[mask_BT].min())] if mask_BT.any() else []
+    candidates += [g.min_version for g in self._groups.values() if g.min_version != np.iinfo(np.int32).max]
+    return min(candidates) if candidates else None
+
+  @property
+  def busy(self) -> bool:
+    """Anything started that has not been returned yet."""
+    return bool(self._groups)
+
+  # ---- the loop ------------------------------------------------------------------------------------------
+  def step(self, params: Params, version: int) -> list[RolloutGroup]:
+    """Refill free slots, run one fused generate call with (params, version), return finished groups."""
+    if self._state is None:
+      self._state = self.engine.init_decode_state()
+    self._refill(params)
+    if self.idle_slots == len(self._slot_uid):
+      return []
+    self._state, results = self.engine.generate(params, self._state, version, self.steps, self.sampling)
+    return self._collect(jax.device_get(results))
+
+  def drain(self, params: Params, version: int) -> list[RolloutGroup]:
+    """Finish every started prompt without starting new ones."""
+    admit, self.admit, out = self.admit, False, []
+    try:
+      while self.busy:
+        out += self.step(params, version)
+    finally:
+      self.admit = admit
+    return out
+
+  def generate_all(self, params: Params, version: int, prompts: Sequence[types.Prompt], n: int,
+                   sampling: Optional[SamplingParams] = None, seed: Optional[int] = None,
+                   steps: Optional[int] = None) -> list[RolloutGroup]:
+    """n samples of every prompt (evaluation), in prompt order; sampling, seed and steps default to this
+    driver's. Uses its own decode state: in-flight work of this driver is untouched."""
+    runner = RolloutDriver(self.engine, seed=self.seed if seed is None else seed, sampling=sampling or self.sampling,
+                           steps=steps or self.steps)
+    runner._state, self._eval_state = self._eval_state, None  # reuse the idle evaluation decode state
+    for p in prompts:
+      runner.submit(p, n)
+    out: list[RolloutGroup] = []
+    while runner.busy or runner.queued_prompts:
+      out += runner.step(params, version)
+    self.last_eval_stats, self._eval_state = runner.stats, runner._state
+    return sorted(out, key=lambda g: g.uid)  # uids are 0..len(prompts)-1 in submission order
+
+  def _refill(self, params: Params) -> None:
+    free = np.flatnonzero(self._slot_uid < 0)
+    plan: list[tuple[_Group, int, int]] = []  # (group, sample index, slot)
+    while len(plan) < len(free):
+      if not self._started:
+        group = self._next_new_group() if self._may_start() else None
+        if group is None:
+          break
+        self._groups[group.uid] = group
+        self._started.append(group)
+      group = self._started[0]
+      take = min(group.n - group.next_sample, len(free) - len(plan))
+      for i in range(take):
+        plan.append((group, group.next_sample + i, int(free[len(plan)])))
+      group.next_sample += take
+      if group.next_sample == group.n:
+        self._started.popleft()
+    if not plan:
+      return
+    by_bucket: dict[int, list[tuple[_Group, int, int]]] = collections.defaultdict(list)
+    for item in plan:
+      by_bucket[self.engine.bucket(len(item[0].tokens))].append(item)
+    for items in by_bucket.values():
+      rows: dict[int, int] = {}
+      for group, _, _ in items:
+        rows.setdefault(group.uid, len(rows))
+      prompts = [self._groups[uid].tokens for uid in rows]
+      self._state = self.engine.prefill_insert(
+          params, self._state, prompts, [rows[g.uid] for g, _, _ in items], [s for _, _, s in items],
+          [g.uid for g, _, _ in items], [i for _, i, _ in items], self._base_key)
+    for group, i, slot in plan:
+      self._slot_uid[slot], self._slot_sample[slot], self._len_B[slot] = group.uid, i, 0
+
+  def _collect(self, res) -> list[RolloutGroup]:
+    rows, cols = np.nonzero(res.valid_BN)
+    dst = self._len_B[rows] + cols
+    self._tok_BT[rows, dst] = res.tokens_BN[rows, cols]
+    self._logp_BT[rows, dst] = res.logprobs_BN[rows, cols]
+    self._ver_BT[rows, dst] = res.versions_BN[rows, cols]
+    self._forced_BT[rows, dst] = res.forced_BN[rows, cols]
+    self._len_B += res.valid_BN.sum(axis=1)
+    done = np.flatnonzero(res.done_B)
+    if not done.size:
+      return []
+    # per-sample statistics in one vectorized pass over the finished slots
+    lens = self._len_B[done]
+    in_sample = np.arange(self._tok_BT.shape[1])[None, :] < lens[:, None]
+    vers = self._ver_BT[done]
+    min_ver = np.where(in_sample & (vers >= 0), vers, np.iinfo(np.int32).max).min(axis=1)
+    s = self.stats
+    s.samples += len(done)
+    s.tokens += int(lens.sum())
+    s.forced_tokens += int((self._forced_BT[done] & in_sample).sum())
+    s.interrupted += int(res.interrupted_B[done].sum())
+    s.truncated += int(res.truncated_B[done].sum())
+    finished = []
+    for slot, n, v in zip(done.tolist(), lens.tolist(), min_ver.tolist()):
+      group = self._groups[int(self._slot_uid[slot])]
+      group.samples[int(self._slot_sample[slot])] = types.Sample(
+          prompt_id=group.prompt.prompt_id, prompt_tokens=group.tokens, tokens=self._tok_BT[slot, :n].copy(),
+          logprobs=self._logp_BT[slot, :n].copy(), versions=self._ver_BT[slot, :n].copy(),
+          forced=self._forced_BT[slot, :n].copy(), truncated=bool(res.truncated_B[slot]),
+          interrupted=bool(res.interrupted_B[slot]))
+      group.min_version = min(group.min_version, v)
+      group.unfinished -= 1
+      if group.unfinished == 0:
+        del self._groups[group.uid]
+        finished.append(RolloutGroup(group.prompt, tuple(group.samples), group.uid))
+    self._slot_uid[done], self._len_B[done] = -1, 0
+    return finished

@@ -1,0 +1,331 @@
+"""Rollout engine: JetStream's Engine contract, plus what RL needs.
+
+    prefill(params, tokens, true_length) -> Prefix          one forward over the padded prompt (bucketed length)
+    insert(prefix, state, slot)          -> DecodeState     copy a prefix's KV into a decode slot (one prefix row
+                                                            can fill n slots: n samples of one prompt)
+    generate(params, state, version, steps=N) -> (state, StepResults)
+                                                            N decode steps over all slots in ONE jitted loop
+
+Params are an explicit argument of every call, in the rollout layout on the engine's mesh (`put_params`), so an
+in-flight weight update is passing a new pytree with the same shapes and shardings between two `generate` calls:
+no recompilation, no drain, and the KV of earlier tokens (computed by the old params) stays (PipelineRL).
+
+Semantics of the decode loop, per slot (B = max_slots, S = cache length, N = steps in this call):
+  * A slot holds the prompt's KV for positions < L-1 and feeds the last prompt token at position L-1 in its first
+    step; step t writes the KV of its input token, then samples the next token. Positions beyond a slot's current
+    one are never read (the attention mask is `key position <= query position`), so a slot's output does not
+    depend on what ran in it before.
+  * Each sample has its own key, derived on device from (driver seed, prompt uid, sample index); step keys fold
+    in the number of tokens emitted so far. Results are thus reproducible by seed and independent of which slot
+    a sample lands in or how decode steps are chunked into calls.
+  * Forced interruption: every sample draws a thinking budget from U[think_budget_min, think_budget_max]. When it
+    has emitted that many tokens without the end-of-thinking marker, the phrase tokens are forced (one per step,
+    log-prob 0, version -1, flagged `forced`), then up to `answer_budget` more tokens are sampled.
+  * A slot stops on a sampled stop token (kept in the output), or is truncated at `max_new_tokens` emitted tokens
+    (forced ones included) or when the answer budget runs out.
+  * Every emitted token records the version passed to the call that produced it (-1 for forced tokens).
+
+Shape legend: as in scalerl_jax/model/transformer.py, plus P prefill rows, Lb bucketed prompt length, M inserts
+in one batch, N decode steps in one call, Mk end-marker length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from scalerl_jax import mesh as mesh_lib
+from scalerl_jax.config import RolloutConfig
+from scalerl_jax.model.policy import Params, Policy
+from scalerl_jax.model.transformer import LayerCache
+from scalerl_jax.rollout import sampling as sampling_lib
+from scalerl_jax.rollout.sampling import SamplingParams
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Prefix:
+  """Prefilled prompts: KV of every bucket position (positions >= length are overwritten before being read)."""
+  cache: list  # list[LayerCache], k/v [P, K, Lb, H]
+  tokens_PL: jax.Array  # int32 padded prompt tokens
+  lengths_P: jax.Array  # int32 true lengths
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeState:
+  """Everything the decode loop carries, one row per slot."""
+  cache: list  # list[LayerCache], k/v [B, K, S, H]
+  token_B: jax.Array  # int32 next input token
+  pos_B: jax.Array  # int32 its absolute position
+  n_gen_B: jax.Array  # int32 tokens emitted so far (forced included)
+  active_B: jax.Array  # bool
+  key_B: jax.Array  # typed PRNG key per sample
+  budget_B: jax.Array  # int32 thinking budget
+  force_B: jax.Array  # int32 index of the next phrase token being forced, -1 when not forcing
+  think_done_B: jax.Array  # bool: end marker seen or phrase inserted
+  interrupted_B: jax.Array  # bool: the phrase was inserted
+  answer_left_B: jax.Array  # int32 sampled tokens still allowed after the phrase
+  truncated_B: jax.Array  # bool: stopped by a length limit
+  recent_BM: jax.Array  # int32 last Mk emitted tokens (end-marker matching)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class StepResults:
+  """Output of one `generate` call. Column j holds the token a slot emitted at the j-th step of the call; the
+  valid columns of a slot are a prefix (a slot only stops, it never starts, inside a call)."""
+  tokens_BN: jax.Array  # int32
+  logprobs_BN: jax.Array  # float32, 0 for forced tokens
+  versions_BN: jax.Array  # int32, -1 for forced tokens
+  forced_BN: jax.Array  # bool
+  valid_BN: jax.Array  # bool: the slot emitted a token at this step
+  done_B: jax.Array  # bool: the slot finished during this call
+  truncated_B: jax.Array  # bool
+  interrupted_B: jax.Array  # bool
+  n_gen_B: jax.Array  # int32 tokens emitted so far
+
+
+def _pow4(n: int, lo: int = 1) -> int:
+  """Smallest lo * 4**k >= n: coarse padding keeps the number of compiled prefill/insert shapes small (at most
+  4x wasted rows, on the cheap prefill, not on decode)."""
+  size = lo
+  while size < n:
+    size *= 4
+  return size
+
+
+class Engine:
+  """Jitted prefill / insert / multi-step generate over `max_slots` decode slots on `mesh`.
+
+  stop_ids: sampled tokens that end a sample (kept in its output). phrase_ids / end_marker_ids: the tokenized
+  end-of-thinking phrase that forced interruption inserts, and the model's own end-of-thinking marker.
+  """
+
+  def __init__(self, policy: Policy, cfg: RolloutConfig, mesh: Mesh, *, stop_ids: Sequence[int] = (),
+               phrase_ids: Sequence[int] = (), end_marker_ids: Sequence[int] = (), cache_len: Optional[int] = None,
+               rules=mesh_lib.ROLLOUT_RULES):
+    self.policy, self.cfg, self.mesh = policy, cfg, mesh
+    it = cfg.interruption
+    self.interrupt = bool(it.enabled)
+    if self.interrupt and not phrase_ids:
+      raise ValueError("rollout.interruption.enabled needs the tokenized phrase: pass phrase_ids")
+    self.stop_ids = tuple(int(t) for t in stop_ids)
+    self.phrase_ids = tuple(int(t) for t in phrase_ids)
+    self.end_marker_ids = tuple(int(t) for t in end_marker_ids)
+    self.buckets = tuple(cfg.prefill_buckets)
+    self.cache_len = cache_len or cfg.max_prefill_len + cfg.max_new_tokens
+    if self.cache_len < cfg.max_prefill_len + cfg.max_new_tokens:
+      raise ValueError(f"cache_len={self.cache_len} cannot hold max_prefill_len + max_new_tokens")
+    self.default_sampling = SamplingParams.from_config(cfg)
+
+    B, S, mc = cfg.max_slots, self.cache_len, policy.cfg
+    self.param_shardings = mesh_lib.logical_to_sharding(policy.logical_axes, policy.param_shapes, mesh, rules)
+    spec = lambda axes, shape: NamedSharding(mesh, mesh_lib.logical_to_spec(axes, shape, mesh, rules))
+    kv = spec(("batch", "kv_heads", None, "head_dim"), (B, mc.num_kv_heads, S, mc.head_dim))
+    row = spec(("batch",), (B,))
+    abstract = jax.eval_shape(self._empty_state)
+    self.state_shardings = jax.tree.map(lambda x: kv if x.ndim == 4 else row if x.ndim == 1 else
+                                        spec(("batch", None), x.shape), abstract)
+
+    self._init_state = jax.jit(self._empty_state, out_shardings=self.state_shardings)
+    self._init_params = jax.jit(policy.init, out_shardings=self.param_shardings)
+    self._prefill = jax.jit(self._prefill_impl)
+    self._insert = jax.jit(self._insert_impl, donate_argnums=(0,))
+    self._prefill_insert = jax.jit(self._prefill_insert_impl, donate_argnums=(1,))
+    self._generate = jax.jit(self._generate_impl, static_argnames=("steps", "sampling"), donate_argnums=(1,))
+
+  # ---- JetStream-style properties -------------------------------------------------------------------------
+  @property
+  def max_concurrent_decodes(self) -> int:
+    return self.cfg.max_slots
+
+  @property
+  def max_prefill_length(self) -> int:
+    return self.cfg.max_prefill_len
+
+  def bucket(self, length: int) -> int:
+    for b in self.buckets:
+      if length <= b:
+        return b
+    raise ValueError(f"prompt of {length} tokens exceeds rollout.max_prefill_len={self.cfg.max_prefill_len}")
+
+  # ---- params and state ----------------------------------------------------------------------------------
+  def put_params(self, params: Params) -> Params:
+    """Params in the rollout layout (no FSDP) on this engine's mesh; the weight-sync entry point."""
+    return jax.device_put(params, self.param_shardings)
+
+  def init_params(self, seed: int) -> Params:
+    return self._init_params(jax.random.key(seed))
+
+  def init_decode_state(self) -> DecodeState:
+    return self._init_state()
+
+  def _empty_state(self) -> DecodeState:
+    B = self.cfg.max_slots
+    zi = lambda *shape: jnp.zeros((B,) + shape, jnp.int32)
+    zb = lambda: jnp.zeros((B,), bool)
+    return DecodeState(
+        cache=self.policy.init_cache(B, self.cache_len), token_B=zi(), pos_B=zi(), n_gen_B=zi(), active_B=zb(),
+        key_B=jax.random.split(jax.random.key(0), B), budget_B=zi(), force_B=zi() - 1, think_done_B=zb(),
+        interrupted_B=zb(), answer_left_B=zi(), truncated_B=zb(),
+        recent_BM=zi(max(1, len(self.end_marker_ids))) - 1)
+
+  def _constrain(self, state: DecodeState) -> DecodeState:
+    return jax.lax.with_sharding_constraint(state, self.state_shardings)
+
+  # ---- prefill / insert ------------------------------------------------------------------------------------
+  def _prefill_impl(self, params, tokens_PL, lengths_P) -> Prefix:
+    _, cache = self.policy.forward(params, tokens_PL)
+    return Prefix(cache=cache, tokens_PL=tokens_PL, lengths_P=lengths_P)
+
+  def _insert_impl(self, state: DecodeState, prefix: Prefix, rows_M, slots_M, uids_M, samples_M,
+                   base_key) -> DecodeState:
+    """Scatter prefix rows into slots; slot index >= B marks a padding entry (dropped)."""
+    Lb = prefix.tokens_PL.shape[1]
+    put_kv = lambda c, p: c.at[slots_M, :, :Lb].set(p[rows_M].astype(c.dtype), mode="drop")
+    cache = [LayerCache(put_kv(c.k_BKSH, p.k_BKSH), put_kv(c.v_BKSH, p.v_BKSH))
+             for c, p in zip(state.cache, prefix.cache)]
+    len_M = prefix.lengths_P[rows_M]
+    keys_M = jax.vmap(lambda u, s: jax.random.fold_in(jax.random.fold_in(base_key, u), s))(uids_M, samples_M)
+    budget_key_M, decode_key_M = jax.vmap(lambda k: tuple(jax.random.split(k)))(keys_M)
+    it = self.cfg.interruption
+    if self.interrupt:
+      budget_M = jax.vmap(lambda k: jax.random.randint(k, (), it.think_budget_min, it.think_budget_max + 1))(
+          budget_key_M)
+    else:
+      budget_M = jnp.full(slots_M.shape, jnp.iinfo(jnp.int32).max, jnp.int32)
+    put = lambda x, v: x.at[slots_M].set(v, mode="drop")
+    M = slots_M.shape[0]
+    state = DecodeState(
+        cache=cache, token_B=put(state.token_B, prefix.tokens_PL[rows_M, len_M - 1]),
+        pos_B=put(state.pos_B, len_M - 1), n_gen_B=put(state.n_gen_B, 0),
+        active_B=put(state.active_B, True), key_B=put(state.key_B, decode_key_M),
+        budget_B=put(state.budget_B, budget_M), force_B=put(state.force_B, -1),
+        think_done_B=put(state.think_done_B, False), interrupted_B=put(state.interrupted_B, False),
+        answer_left_B=put(state.answer_left_B, 0), truncated_B=put(state.truncated_B, False),
+        recent_BM=put(state.recent_BM, jnp.full((M, state.recent_BM.shape[1]), -1, jnp.int32)))
+    return self._constrain(state)
+
+  def _prefill_insert_impl(self, params, state, tokens_PL, lengths_P, rows_M, slots_M, uids_M, samples_M, base_key):
+    return self._insert_impl(state, self._prefill_impl(params, tokens_PL, lengths_P), rows_M, slots_M, uids_M,
+                             samples_M, base_key)
+
+  def _pad_prompts(self, prompts: Sequence[np.ndarray]):
+    """Host-side padding: length to the largest prompt's bucket, count to a power of four (bounded recompiles)."""
+    Lb = self.bucket(max(len(p) for p in prompts))
+    tokens_PL = np.zeros((_pow4(len(prompts)), Lb), np.int32)
+    lengths_P = np.ones((tokens_PL.shape[0],), np.int32)
+    for i, p in enumerate(prompts):
+      tokens_PL[i, :len(p)] = p
+      lengths_P[i] = len(p)
+    return tokens_PL, lengths_P
+
+  def _pad_inserts(self, rows, slots, uids, samples):
+    M = min(_pow4(len(slots), 8), self.cfg.max_slots)
+    pad = lambda x, fill: np.concatenate([np.asarray(x, np.int32), np.full(M - len(x), fill, np.int32)])
+    return pad(rows, 0), pad(slots, self.cfg.max_slots), pad(uids, 0), pad(samples, 0)
+
+  def prefill(self, params: Params, tokens, true_length: Optional[int] = None) -> Prefix:
+    """One prompt (JetStream form). `tokens` may already be padded; `true_length` counts its real tokens."""
+    tokens = np.asarray(tokens, np.int32).reshape(-1)
+    return self.prefill_batch(params, [tokens[:len(tokens) if true_length is None else true_length]])
+
+  def prefill_batch(self, params: Params, prompts: Sequence[np.ndarray]) -> Prefix:
+    """Many prompts in one call; row i of the prefix is prompts[i]."""
+    return self._prefill(params, *self._pad_prompts(prompts))
+
+  def insert(self, prefix: Prefix, state: DecodeState, slot: int, *, row: int = 0, uid: int = 0,
+             sample: int = 0, base_key: Optional[jax.Array] = None) -> DecodeState:
+    """Prefix row `row` into `slot`, as sample `sample` of prompt `uid` (keys derive from these)."""
+    return self.insert_batch(prefix, state, [slot], [row], [uid], [sample], base_key)
+
+  def insert_batch(self, prefix: Prefix, state: DecodeState, slots, rows, uids, samples,
+                   base_key: Optional[jax.Array] = None) -> DecodeState:
+    base_key = jax.random.key(0) if base_key is None else base_key
+    rows, slots, uids, samples = self._pad_inserts(rows, slots, uids, samples)
+    return self._insert(state, prefix, rows, slots, uids, samples, base_key)
+
+  def prefill_insert(self, params: Params, state: DecodeState, prompts: Sequence[np.ndarray], rows, slots, uids,
+                     samples, base_key: jax.Array) -> DecodeState:
+    """Fused prefill_batch + insert_batch (one dispatch): sample m goes to slots[m] from prompts[rows[m]]."""
+    tokens_PL, lengths_P = self._pad_prompts(prompts)
+    rows, slots, uids, samples = self._pad_inserts(rows, slots, uids, samples)
+    return self._prefill_insert(params, state, tokens_PL, lengths_P, rows, slots, uids, samples, base_key)
+
+  # ---- generate --------------------------------------------------------------------------------------------
+  def generate(self, params: Params, state: DecodeState, version: int = 0, steps: Optional[int] = None,
+               sampling: Optional[SamplingParams] = None) -> tuple[DecodeState, StepResults]:
+    """Up to `steps` decode steps over all slots in one jitted loop (stops early once no slot is active).
+    `version` is traced: a new version or new params (same layout) never recompile. `state` is donated."""
+    return self._generate(params, state, np.int32(version), steps=steps or self.cfg.decode_chunk,
+                          sampling=sampling or self.default_sampling)
+
+  def _generate_impl(self, params, state: DecodeState, version, *, steps: int, sampling: SamplingParams):
+    B, N = self.cfg.max_slots, steps
+    out = (jnp.zeros((B, N), jnp.int32), jnp.zeros((B, N), jnp.float32), jnp.full((B, N), -1, jnp.int32),
+           jnp.zeros((B, N), bool), jnp.zeros((B, N), bool))
+
+    def cond(carry):
+      i, st, _ = carry
+      return (i < N) & jnp.any(st.active_B)
+
+    u_BN2 = sampling_lib.uniforms(state.key_B, state.n_gen_B, N)  # a slot active at step i has emitted n_gen + i
+
+    def body(carry):
+      i, st, out = carry
+      u_B2 = jax.lax.dynamic_index_in_dim(u_BN2, i, axis=1, keepdims=False)
+      st, cols = self._decode_step(params, st, version, sampling, u_B2)
+      out = tuple(o.at[:, i].set(c) for o, c in zip(out, cols))
+      return i + 1, st, out
+
+    _, final, out = jax.lax.while_loop(cond, body, (jnp.int32(0), state, out))
+    final = self._constrain(final)
+    results = StepResults(*out, done_B=state.active_B & ~final.active_B, truncated_B=final.truncated_B,
+                          interrupted_B=final.interrupted_B, n_gen_B=final.n_gen_B)
+    return final, results
+
+  def _decode_step(self, params, st: DecodeState, version, sp: SamplingParams, u_B2):
+    cfg, it = self.cfg, self.cfg.interruption
+    h_B1D, cache = self.policy.forward(params, st.token_B[:, None], st.pos_B[:, None], st.cache)
+    logits_BV = self.policy.logits(params, h_B1D)[:, 0]
+    sampled_B, logp_B = sampling_lib.sample(logits_BV, u_B2, sp)
+    act = st.active_B
+    if self.interrupt:
+      phrase = jnp.asarray(self.phrase_ids, jnp.int32)
+      start = act & ~st.think_done_B & (st.force_B < 0) & (st.n_gen_B >= st.budget_B)
+      forcing = act & ((st.force_B >= 0) | start)
+      fidx = jnp.where(start, 0, st.force_B)
+      tok = jnp.where(forcing, phrase[jnp.clip(fidx, 0, len(self.phrase_ids) - 1)], sampled_B)
+      phrase_end = forcing & (fidx + 1 >= len(self.phrase_ids))
+      force_B = jnp.where(forcing & ~phrase_end, fidx + 1, -1)
+      answering = act & ~forcing & st.interrupted_B
+      answer_left = jnp.where(phrase_end, it.answer_budget, st.answer_left_B - answering)
+      interrupted = st.interrupted_B | start
+    else:
+      forcing = phrase_end = answering = jnp.zeros_like(act)
+      tok, force_B, answer_left, interrupted = sampled_B, st.force_B, st.answer_left_B, st.interrupted_B
+    sampled = act & ~forcing
+    recent = jnp.where(act[:, None], jnp.concatenate([st.recent_BM[:, 1:], tok[:, None]], axis=1), st.recent_BM)
+    think_done = st.think_done_B | phrase_end
+    if self.interrupt and self.end_marker_ids:
+      marker = jnp.asarray(self.end_marker_ids, jnp.int32)
+      think_done = think_done | (sampled & jnp.all(recent == marker[None, :], axis=1))
+    if self.stop_ids:
+      stop = sampled & jnp.any(tok[:, None] == jnp.asarray(self.stop_ids, jnp.int32)[None, :], axis=1)
+    else:
+      stop = jnp.zeros_like(act)
+    n_gen = st.n_gen_B + act
+    trunc = act & ~stop & ((n_gen >= cfg.max_new_tokens) | (answering & (answer_left <= 0)))
+    new = DecodeState(
+        cache=cache, token_B=jnp.where(act, tok, st.token_B), pos_B=st.pos_B + act, n_gen_B=n_gen,
+        active_B=act & ~stop & ~trunc, key_B=st.key_B, budget_B=st.budget_B, force_B=force_B,
+        think_done_B=think_done, interrupted_B=interrupted, answer_left_B=answer_left,
+        truncated_B=st.truncated_B | trunc, recent_BM=recent)
+    cols = (tok, jnp.where(forcing, 0.0, logp_B), jnp.where(forcing, -1, version), forcing, act)
+    return new, cols
