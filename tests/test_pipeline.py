@@ -103,3 +103,15 @@ def test_generator_exception_ends_run_with_its_traceback(tmp_path):
   thread.join(timeout=300)
   assert not thread.is_alive(), "the run hung after the generator failed"
   assert "reward plumbing broke" in str(outcome["error"]) and isinstance(outcome["error"].__cause__, ValueError)
+
+
+def test_resume_with_an_incompatible_config_is_refused(k0_runs):
+  from scalerl_jax.train.checkpoint import ResumeError
+  piped, _ = k0_runs
+  assert piped.ckpt.latest_step() == 4
+  changed = RLJob(tiny_config(piped.run_dir, *SPLIT, "pipeline.max_lag=0", "loss.name=dapo"), progress=False)
+  with pytest.raises(ResumeError, match="loss"):
+    changed.setup()
+  same = RLJob(tiny_config(piped.run_dir, *SPLIT, "pipeline.max_lag=0", "pipeline.steps=6"), progress=False)
+  same.setup()  # the same settings (more steps) resume from step 4
+  assert same.start_step == 4 and int(same.state.step) == 4
