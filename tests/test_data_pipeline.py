@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from fixtures import make_fixtures
+from tests.fixtures import make_fixtures
 from scalerl_jax.config import DataConfig, NPRConfig
 from scalerl_jax.data.npr import NPRState
 from scalerl_jax.data.pipeline import PromptPipeline, encode_records

@@ -95,7 +95,7 @@ def test_load_reward_fn_by_dotted_path():
 
 
 def test_make_reward_runner_prefers_the_configured_function():
-  cfg = DataConfig(reward_fn="test_data_rewards.raising_reward", reward_timeout_s=1.5, failure_reward=-1.0,
+  cfg = DataConfig(reward_fn="tests.test_data_rewards.raising_reward", reward_timeout_s=1.5, failure_reward=-1.0,
                    reward_scale="pm1")
   runner = make_reward_runner(cfg, exact_match_reward)
   assert runner.fn is raising_reward and runner.timeout_s == 1.5 and runner.scale == "pm1"

@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from fixtures import make_fixtures
+from tests.fixtures import make_fixtures
 from scalerl_jax.data.sources import DataError, read_records
 
 

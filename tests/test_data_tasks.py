@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from fixtures import make_fixtures
+from tests.fixtures import make_fixtures
 from scalerl_jax.config import DataConfig
 from scalerl_jax.data import arith
 from scalerl_jax.data.sources import DataError

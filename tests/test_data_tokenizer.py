@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from fixtures import make_fixtures
+from tests.fixtures import make_fixtures
 from scalerl_jax.config import DataConfig, RunConfig
 from scalerl_jax.data.sources import DataError
 from scalerl_jax.data.tokenizer import CharTokenizer, HFTokenizer, make_tokenizer
