@@ -42,10 +42,15 @@ def main(argv=None) -> int:
   logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every checkpoint step at INFO
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-  from scalerl_jax.pipeline.job import RLJob  # after argument checks: importing jax takes a while
+  from scalerl_jax.data.sources import DataError  # after argument checks: importing jax takes a while
+  from scalerl_jax.mesh import MeshError
+  from scalerl_jax.pipeline.job import RLJob
   from scalerl_jax.pipeline.report import final_report
 
-  job = RLJob(cfg)
+  try:
+    job = RLJob(cfg)
+  except (ConfigError, MeshError, DataError) as exc:  # user errors: one clear line, no traceback
+    parser.exit(2, f"train.py: error: {exc}\n")
   summary = job.run_sync() if args.sync else job.run()
   print(final_report(cfg, summary))
   return 130 if job.interrupted else 0
