@@ -334,7 +334,7 @@ class RLJob:
         for rg in self.driver.step(params, version):
           groups[uids[rg.uid]] = self.score(rg)
       done += 1
-      if not self.consume(ScoredBatch(step, groups, version, time.perf_counter())):
+      if not self.consume(ScoredBatch(step, groups)):
         break
     return self._finish(done)
 

@@ -65,11 +65,6 @@ class MetricsLogger:
     with self.prompts_path.open("a") as f:
       f.write(json.dumps({"step": step, "prompt_ids": prompt_ids}) + "\n")
 
-  def read(self) -> list[dict]:
-    if not self.path.exists():
-      return []
-    return [json.loads(l) for l in self.path.read_text().splitlines() if l.strip()]
-
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()

@@ -99,8 +99,6 @@ class WeightBox:
 class ScoredBatch:
   index: int
   groups: list[types.Group]
-  admitted_version: int  # generator version when the batch was admitted
-  finished_at: float  # time.perf_counter()
 
 
 class BatchBuffer:
@@ -160,7 +158,6 @@ class GeneratorThread(threading.Thread):
     next_batch = self.start_batch
     where: dict[int, tuple[int, int]] = {}  # driver uid -> (batch, position)
     pending: dict[int, list] = {}  # batch -> groups (None until scored)
-    admitted_at: dict[int, int] = {}
     last_version = None
     while not self.stop_event.is_set():
       params, version = self.weights.latest()
@@ -170,7 +167,7 @@ class GeneratorThread(threading.Thread):
       last_version = version
       while next_batch < self.end and self.policy.may_admit(next_batch, version):
         prompts = list(self.next_prompts(next_batch))
-        pending[next_batch], admitted_at[next_batch] = [None] * len(prompts), version
+        pending[next_batch] = [None] * len(prompts)
         for pos, prompt in enumerate(prompts):
           where[driver.submit(prompt, self.samples)] = (next_batch, pos)
         next_batch += 1
@@ -188,7 +185,7 @@ class GeneratorThread(threading.Thread):
         b, pos = where.pop(rollout_group.uid)
         pending[b][pos] = self.score(rollout_group)
         if all(g is not None for g in pending[b]):
-          self.out.put(ScoredBatch(b, pending.pop(b), admitted_at.pop(b), time.perf_counter()))
+          self.out.put(ScoredBatch(b, pending.pop(b)))
       stats.busy_s += time.perf_counter() - t
 
 
