@@ -83,11 +83,11 @@ def test_generator_exception_ends_run_with_its_traceback(tmp_path):
   job = RLJob(tiny_config(tmp_path, *SPLIT, "pipeline.steps=6", "pipeline.eval_every=0"), progress=False)
   calls = []
 
-  def exploding_score(group):
+  def exploding_score(groups):
     calls.append(1)
     if len(calls) > 5:
       raise ValueError("reward plumbing broke")
-    return RLJob.score(job, group)
+    return RLJob.score(job, groups)
 
   job.score = exploding_score
   outcome = {}

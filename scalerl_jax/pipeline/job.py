@@ -12,7 +12,7 @@ import pathlib
 import signal
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import jax
 import numpy as np
@@ -114,11 +114,8 @@ class RLJob:
   def _warm_started_state(self) -> tuple[TrainState, dict]:
     if not self.cfg.warm_start.enabled or self.cfg.data.task == "file":
       return init_train_state(self.policy, self.optimizer, self.train_mesh, TRAIN_RULES, self.cfg.seed), {}
-    ws_prompts, _ = encode_records(self.task.warmstart_val_records(), self.tokenizer, self.cfg.rollout.max_prefill_len)
-    evaluate = lambda p: self.evaluator.pass_rate(self.to_generator(p), -1, ws_prompts, self.cfg.pipeline.eval_samples,
-                                                   self.cfg.pipeline.eval_temperature)
     params, info = warm_start(self.cfg, self.policy, self.train_mesh, TRAIN_RULES, self.task, self.tokenizer,
-                              evaluate, progress=self.progress)
+                              progress=self.progress)
     return init_train_state(self.policy, self.optimizer, self.train_mesh, TRAIN_RULES, self.cfg.seed, params), info
 
   def setup(self) -> None:
@@ -167,10 +164,17 @@ class RLJob:
       self._data_states[batch_index] = self.data.get_state()
       return self.data.next_batch()
 
-  def score(self, rollout_group) -> types.Group:
-    texts = [self.tokenizer.decode(s.tokens) for s in rollout_group.samples]
-    rewards, failures = self.rewards.score(texts, [rollout_group.prompt.answer] * len(texts))
-    return types.Group(rollout_group.prompt, rollout_group.samples, rewards, failures)
+  def score(self, rollout_groups: Sequence) -> list[types.Group]:
+    """Rewards for every sample of these groups in one reward batch (one worker hand-off, not one per group)."""
+    texts = [self.tokenizer.decode(s.tokens) for g in rollout_groups for s in g.samples]
+    answers = [g.prompt.answer for g in rollout_groups for _ in g.samples]
+    rewards, failed = self.rewards.score_each(texts, answers)
+    out, start = [], 0
+    for g in rollout_groups:
+      end = start + len(g.samples)
+      out.append(types.Group(g.prompt, g.samples, rewards[start:end], int(failed[start:end].sum())))
+      start = end
+    return out
 
   def consume(self, batch: ScoredBatch, wait_s: float = 0.0) -> bool:
     """Train step `batch.index` on a complete batch; publish weights; log; evaluate and checkpoint on schedule."""
@@ -331,8 +335,9 @@ class RLJob:
         uids[self.driver.submit(prompt, self.cfg.data.samples_per_prompt)] = pos
       groups: list = [None] * len(uids)
       while self.driver.busy or self.driver.queued_prompts:
-        for rg in self.driver.step(params, version):
-          groups[uids[rg.uid]] = self.score(rg)
+        finished = self.driver.step(params, version)
+        for rg, group in zip(finished, self.score(finished)):
+          groups[uids[rg.uid]] = group
       done += 1
       if not self.consume(ScoredBatch(step, groups)):
         break

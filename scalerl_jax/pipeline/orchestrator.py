@@ -136,7 +136,7 @@ class GeneratorThread(threading.Thread):
   """Streams batches [start, end) through the rollout driver; see the module docstring."""
 
   def __init__(self, *, driver, next_prompts: Callable[[int], Sequence[types.Prompt]],
-               score: Callable[[Any], types.Group], weights: WeightBox, policy: AdmissionPolicy, samples: int,
+               score: Callable[[list], list[types.Group]], weights: WeightBox, policy: AdmissionPolicy, samples: int,
                start: int, end: int, out: BatchBuffer, stop: threading.Event):
     super().__init__(name="generator", daemon=True)
     self.driver, self.next_prompts, self.score = driver, next_prompts, score
@@ -181,9 +181,9 @@ class GeneratorThread(threading.Thread):
         continue
       t = time.perf_counter()
       finished = driver.step(params, version)
-      for rollout_group in finished:
+      for rollout_group, group in zip(finished, self.score(finished) if finished else ()):
         b, pos = where.pop(rollout_group.uid)
-        pending[b][pos] = self.score(rollout_group)
+        pending[b][pos] = group
         if all(g is not None for g in pending[b]):
           self.out.put(ScoredBatch(b, pending.pop(b)))
       stats.busy_s += time.perf_counter() - t
