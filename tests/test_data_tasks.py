@@ -39,11 +39,13 @@ def test_eval_split_is_fixed_across_seeds_and_train_follows_the_seed():
 def test_addition_format_example():
   task = _small(AdditionTask, 3)
   p = (37, 485)
-  assert task._text(p) == "730+584=" and task._answer(p) == "0522" and task._solution(p) == "2250|0522$"
+  # 7+5 = 12 carries 1, 3+8+1 = 12 carries 1, 0+4+1 = 5 carries 0: carries into the columns 0,1,1,0
+  assert task._text(p) == "730+584=" and task._answer(p) == "2250" and task._solution(p) == "0110|2250$"
+  assert task._solution((999, 1)) == "0111|0001$" and task._solution((0, 0)) == "0000|0000$"
   rec = task.train_records()[0]
   a, b = int(rec.text[:3][::-1]), int(rec.text[4:7][::-1])  # operands are written least-significant first
-  assert rec.prompt_id == rec.text and rec.answer == f"{a + b:04d}"
-  assert task.solution(rec) == rec.answer[::-1] + "|" + rec.answer + "$"
+  assert rec.prompt_id == rec.text and rec.answer == f"{a + b:04d}"[::-1]
+  assert task.solution(rec).endswith("|" + rec.answer + "$") and len(task.solution(rec)) == 10
 
 
 def test_small_space_fills_what_it_can_and_errors_when_heldout_cannot():
@@ -69,17 +71,18 @@ def test_default_prompts_and_solutions_fit_the_default_rollout_budget():
 
 
 @pytest.mark.parametrize("completion, reward", [
-    ("2250|0522$", 1.0),
-    ("9999|0522$", 1.0),  # only the answer after the last marker is judged
-    ("2250|0522", 1.0),  # no EOS: up to the end
-    ("2250|0522$junk", 1.0),  # after EOS is ignored
-    ("2250|522$", 0.0),  # not zero-padded
-    ("22500522$", 0.0),  # no end-of-thinking marker, no answer
-    ("|0522|$", 0.0),
+    ("0110|2250$", 1.0),
+    ("9999|2250$", 1.0),  # only the answer after the last marker is judged
+    ("0110|2250", 1.0),  # no EOS: up to the end
+    ("0110|2250$junk", 1.0),  # after EOS is ignored
+    ("0110|225$", 0.0),  # not zero-padded
+    ("0110|0522$", 0.0),  # digits in normal order
+    ("01102250$", 0.0),  # no end-of-thinking marker, no answer
+    ("|2250|$", 0.0),
     ("", 0.0),
 ])
 def test_addition_reward_cases(completion, reward):
-  assert AdditionTask.reward(completion, "0522") == reward
+  assert AdditionTask.reward(completion, "2250") == reward
 
 
 @pytest.mark.parametrize("completion, reward", [

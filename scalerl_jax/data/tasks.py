@@ -14,15 +14,19 @@ small, the training pool holds every remaining problem (fewer than `num_train`).
 
 Formats (character vocabulary in tokenizer.py; the prompt is encoded as BOS + text; '|' ends the thinking, '$' is
 EOS):
-  addition (knob `digits` = d): both operands zero-padded to d digits and written least-significant digit first;
-    the work is the zero-padded (d + 1)-digit sum, also least-significant digit first, then '|', then the sum in
-    normal order, then '$'. For 37 + 485:
-        prompt "730+584="   completion "2250|0522$"   answer "0522"
-    Why digits run backwards: sum digit i then sits at a fixed distance from operand digits i, the distance a
-    rotary-position model attends over. With operands in normal order that distance changes with i and a 0.4M
-    model needed ~2x the warm-start steps to leave its plateau (measured: per-digit accuracy at chance after 300
-    steps vs solved by 250).
-    Reward: exact match of the text after the last '|' (up to '$') with the zero-padded sum. No '|', no answer.
+  addition (knob `digits` = d): both operands zero-padded to d digits and written least-significant digit first.
+    The work is the carry into each of the d + 1 columns (0 or 1, the first always 0), then '|', then the
+    answer: the zero-padded (d + 1)-digit sum, also least-significant digit first, then '$'. For 37 + 485:
+        prompt "730+584="   completion "0110|2250$"   answer "2250"
+    Why this shape: every digit the model writes then sits at a fixed distance from the tokens it depends on
+    (column i's operand digits and its carry), the distance a rotary-position model attends over. A carry is
+    correlated with each operand digit on its own, so attention gets a gradient from the first steps; a sum digit
+    alone is not (it is uniform given one operand digit), so without the carries the warm start sits on a
+    plateau whose length depends on the seed. Measured on the default 0.4M policy (lr 3e-3, batch 128,
+    teacher-forced pass rate >= 0.15 on the validation split): the carry work got there in 150-230 steps for
+    seeds 0-2; work = the sum itself took 220 to > 300 steps, and with the answer also re-written in normal order
+    (the previous format) seeds 1 and 2 had not left the plateau after 400 steps.
+    Reward: exact match of the text after the last '|' (up to '$') with the answer. No '|', no answer.
   countdown (knob = how many numbers, `data.digits` for the built-in config; numbers 1..9, sorted in the prompt):
     reach the target with + - * and exact integer /, each number used at most once. The work is a running chain of
     steps "a op b = r op c = r' ...", then '|', then one expression.
@@ -132,11 +136,14 @@ class AdditionTask(_BuiltinTask):
     return f"{a[::-1]}+{b[::-1]}="  # operands least-significant digit first, like the work
 
   def _answer(self, p: tuple[int, int]) -> str:
-    return f"{p[0] + p[1]:0{self.digits + 1}d}"
+    return f"{p[0] + p[1]:0{self.digits + 1}d}"[::-1]  # least-significant digit first
 
   def _solution(self, p: tuple[int, int]) -> str:
-    answer = self._answer(p)
-    return answer[::-1] + END_MARKER + answer + EOS_CHAR
+    carries, carry = [], 0
+    for i in range(self.digits + 1):
+      carries.append(carry)
+      carry = (p[0] // 10**i % 10 + p[1] // 10**i % 10 + carry) // 10
+    return "".join(map(str, carries)) + END_MARKER + self._answer(p) + EOS_CHAR
 
   @staticmethod
   def reward(completion: str, answer: str) -> float:

@@ -30,9 +30,6 @@ class Evaluator:
     rewards, _ = self.rewards.score(texts, answers)
     return is_success(rewards, self.reward_scale).reshape(len(prompts), n)
 
-  def pass_rate(self, params: Any, version: int, prompts: Sequence[types.Prompt], n: int, temperature: float) -> float:
-    return float(self.correctness(params, version, prompts, n, SamplingParams(temperature=temperature)).mean())
-
   def evaluate(self, params: Any, version: int, prompts: Sequence[types.Prompt], n: int, temperature: float) -> dict:
     greedy_P1 = self.correctness(params, version, prompts, 1, GREEDY)
     correct_PN = self.correctness(params, version, prompts, n, SamplingParams(temperature=temperature))

@@ -23,7 +23,7 @@ def final_report(cfg: RunConfig, summary: dict) -> str:
            f"loss={cfg.loss.name}, aggregation={cfg.loss.aggregation}, adv_norm={cfg.loss.adv_norm})"]
   if "warm_start/pass_rate" in summary:
     lines.append(f"warm start: {summary['warm_start/steps']} supervised steps, {summary['warm_start/seconds']:.1f} s, "
-                 f"validation mean@n {summary['warm_start/pass_rate']:.3f}")
+                 f"validation P(reference) {summary['warm_start/pass_rate']:.3f}")
   if evals:
     first, last = evals[0], evals[-1]
     best = max(evals, key=lambda r: r["eval/pass_rate"])

@@ -1,10 +1,13 @@
 """Supervised warm start for the built-in tasks, cached on disk.
 
 The paper starts RL from an SFT'd model; the embedded CPU default gets the same from a few dozen steps of
-next-token training on the task's reference solutions. Training stops as soon as mean@n on the task's
-warm-start validation split (disjoint from the RL training pool's evaluation split) reaches
+next-token training on the task's reference solutions. Training stops as soon as the pass rate on the task's
+warm-start validation split (disjoint from the RL training pool and from the held-out evaluation split) reaches
 `warm_start.target_pass_rate`, so RL starts from a policy that sometimes succeeds (RL needs groups with reward
-variance) but is far from solved. The result is cached under `warm_start.cache_dir`, keyed by everything that
+variance) but is far from solved. The pass rate is measured without sampling, as the mean over validation
+prompts of P(reference completion) at temperature 1 = exp(sum of its token log-probs): one forward pass instead
+of a sampled mean@n, and a lower bound on the expected mean@n (a sample can also pass by another route), with no
+sampling noise near the threshold. The result is cached under `warm_start.cache_dir`, keyed by everything that
 determines it, as a safetensors file; a second run starts in a second.
 """
 
@@ -16,15 +19,16 @@ import json
 import logging
 import pathlib
 import time
-from typing import Any, Callable, Optional
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from scalerl_jax.config import RunConfig
 from scalerl_jax.mesh import batch_sharding
-from scalerl_jax.model import Policy, next_token_loss
+from scalerl_jax.model import Policy, next_token_loss, token_logprobs
 from scalerl_jax.train.state import init_train_state, make_optimizer, state_shardings
 from scalerl_jax.train.step import make_train_step
 
@@ -67,8 +71,26 @@ def supervised_rows(prompts_tokens: list[list[int]], solutions: list[list[int]],
   return tokens, mask
 
 
+def reference_pass_rate_fn(policy: Policy, tokens_BT: np.ndarray, mask_BT: np.ndarray):
+  """jitted params -> mean over rows of P(the masked completion) at temperature 1."""
+
+  @jax.jit
+  def pass_rate(params):
+    return jnp.mean(jnp.exp(jnp.sum(token_logprobs(policy, params, tokens_BT) * mask_BT, axis=1)))
+  return pass_rate
+
+
+def _encode_rows(task, records, tokenizer, row_len=None):
+  prompts = [tokenizer.encode_prompt(r.text) for r in records]
+  solutions = [tokenizer.encode(task.solution(r)) for r in records]
+  if row_len is None:
+    longest = max(len(p) + len(q) for p, q in zip(prompts, solutions))
+    row_len = -(-longest // 8) * 8
+  return supervised_rows(prompts, solutions, row_len, tokenizer.pad_id)
+
+
 def warm_start(cfg: RunConfig, policy: Policy, mesh, rules, task, tokenizer,
-               evaluate: Callable[[Any], float], progress: bool = True) -> tuple[Any, dict]:
+               progress: bool = True) -> tuple[Any, dict]:
   """Params after the supervised warm start (from the cache when present) and a summary dict."""
   path = cache_path(cfg, task)
   if path.exists():
@@ -78,13 +100,11 @@ def warm_start(cfg: RunConfig, policy: Policy, mesh, rules, task, tokenizer,
   ws = cfg.warm_start
   opt = make_optimizer(dataclasses.replace(cfg.optimizer, lr=ws.lr, warmup_steps=0, eps=ws.eps, grad_clip=ws.grad_clip))
   state = init_train_state(policy, opt, mesh, rules, seed=cfg.seed)
-  row_len = cfg.rollout.max_prefill_len + cfg.rollout.max_new_tokens
-  records = task.train_records()
-  prompts = [tokenizer.encode_prompt(r.text) for r in records]
-  solutions = [tokenizer.encode(task.solution(r)) for r in records]
-  longest = max(len(p) + len(q) for p, q in zip(prompts, solutions))
-  row_len = min(row_len, -(-longest // 8) * 8)  # no compute on padding beyond the longest example
-  tokens_all, mask_all = supervised_rows(prompts, solutions, row_len, tokenizer.pad_id)
+  # rows as long as the longest example rounded up to 8 (no compute on padding), within the rollout budget
+  tokens_all, mask_all = _encode_rows(task, task.train_records(), tokenizer)
+  budget = cfg.rollout.max_prefill_len + cfg.rollout.max_new_tokens
+  tokens_all, mask_all = tokens_all[:, :budget], mask_all[:, :budget]
+  evaluate = reference_pass_rate_fn(policy, *_encode_rows(task, task.warmstart_val_records(), tokenizer))
   bsh = batch_sharding(mesh, rules, 2, ws.batch_size)
   step_fn = make_train_step(lambda p, b: next_token_loss(policy, p, b["tokens"], b["weights"]), opt, 1,
                             state_shardings(policy, opt, mesh, rules), {"tokens": bsh, "weights": bsh})
@@ -103,7 +123,7 @@ def warm_start(cfg: RunConfig, policy: Policy, mesh, rules, task, tokenizer,
     if bar is not None:
       bar.update(1)
     if step % ws.eval_every == 0:
-      pass_rate = evaluate(state.params)
+      pass_rate = float(evaluate(state.params))
       history.append((step, pass_rate))
       if bar is not None:
         bar.set_postfix(loss=f"{float(metrics['loss']):.3f}", pass_rate=f"{pass_rate:.3f}")
