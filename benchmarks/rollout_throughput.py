@@ -133,6 +133,18 @@ def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
   return gib * 2 ** 30 / t
 
 
+def matmul_flops_rate(rows: int, shapes, repeats: int = 10) -> float:
+  """FLOP/s of jitted fp32 [rows, k] x [k, n] dots (decode's weight matmuls at `rows` slots), over `shapes`."""
+  flops = seconds = 0.0
+  for k, n in shapes:
+    a, b = jnp.ones((rows, k), jnp.float32), jnp.ones((k, n), jnp.float32)
+    dot = jax.jit(jnp.dot)
+    dot(a, b).block_until_ready()
+    seconds += best_of(lambda: dot(a, b).block_until_ready(), repeats)
+    flops += 2.0 * rows * k * n
+  return flops / seconds
+
+
 def bench_36m(repeats: int) -> dict:
   slots, cache, prompt_len, chunk = 64, 512, 64, 8
   rollout = RolloutConfig(max_slots=slots, max_prefill_len=prompt_len, prefill_buckets=(prompt_len,),
@@ -162,6 +174,15 @@ def bench_36m(repeats: int) -> dict:
          "kv_cache_mb": kv_bytes / 1e6, "read_gb_s": bw / 1e9, "bound_step_ms": bound_s * 1e3,
          "fraction_of_bandwidth_bound": bound_s / step_s,
          "flops_per_step_g": 2 * param_count(BIG) * slots / 1e9}
+  # At 64 slots the weight matmuls are compute-bound on this CPU, not bandwidth-bound: their FLOPs at the rate
+  # measured for the same dot shapes take about as long as the whole bandwidth bound. XLA:CPU runs ops one after
+  # another, so the matmuls and the KV-cache stream do not overlap: compute + KV time is the floor of this design.
+  D, F, V = BIG.hidden, BIG.intermediate, BIG.vocab_size
+  rate = matmul_flops_rate(slots, [(D, BIG.num_heads * BIG.head_dim), (D, F), (F, D), (D, V)])
+  compute_s = 2 * param_count(BIG) * slots / rate
+  out.update({"matmul_gflop_s": rate / 1e9, "compute_bound_step_ms": compute_s * 1e3,
+              "kv_stream_ms": kv_bytes / bw * 1e3, "sequential_floor_step_ms": (compute_s + kv_bytes / bw) * 1e3,
+              "fraction_of_sequential_floor": (compute_s + kv_bytes / bw) / step_s})
   del state
   # Naive baseline: full forward over the whole (prompt + generated) sequence per token; a few steps only.
   naive_new = 4
