@@ -7,7 +7,7 @@ from scalerl_jax.config import ModelConfig
 from scalerl_jax.data.tasks import AdditionTask
 from scalerl_jax.data.tokenizer import CharTokenizer
 from scalerl_jax.model import Policy
-from scalerl_jax.train.warmstart import _encode_rows, reference_pass_rate_fn
+from scalerl_jax.train.warmstart import reference_pass_rate_fn, solution_rows
 
 CFG = ModelConfig(vocab_size=32, hidden=32, intermediate=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                   max_seq_len=24)
@@ -16,7 +16,7 @@ CFG = ModelConfig(vocab_size=32, hidden=32, intermediate=64, num_layers=2, num_h
 def test_reference_pass_rate_is_the_mean_probability_of_the_reference_completion():
   task, tok = AdditionTask(1, num_train=40, num_eval=8, num_warmstart_val=6), CharTokenizer()
   records = task.warmstart_val_records()
-  tokens, mask = _encode_rows(task, records, tok)
+  tokens, mask = solution_rows(task, records, tok)
   assert tokens.shape == (6, 16) and mask.sum(axis=1).tolist() == [len(task.solution(r)) for r in records]
   policy = Policy(CFG)
   params = jax.jit(policy.init)(jax.random.key(3))

@@ -1,6 +1,6 @@
 """Supervised warm start for the built-in tasks, cached on disk.
 
-The paper starts RL from an SFT'd model; the embedded CPU default gets the same from a few dozen steps of
+The paper starts RL from an SFT'd model; the embedded CPU default gets the same from a few hundred steps of
 next-token training on the task's reference solutions. Training stops as soon as the pass rate on the task's
 warm-start validation split (disjoint from the RL training pool and from the held-out evaluation split) reaches
 `warm_start.target_pass_rate`, so RL starts from a policy that sometimes succeeds (RL needs groups with reward
@@ -80,13 +80,12 @@ def reference_pass_rate_fn(policy: Policy, tokens_BT: np.ndarray, mask_BT: np.nd
   return pass_rate
 
 
-def _encode_rows(task, records, tokenizer, row_len=None):
+def solution_rows(task, records, tokenizer):
+  """`supervised_rows` of the records' prompts and reference solutions, as long as the longest rounded up to 8."""
   prompts = [tokenizer.encode_prompt(r.text) for r in records]
   solutions = [tokenizer.encode(task.solution(r)) for r in records]
-  if row_len is None:
-    longest = max(len(p) + len(q) for p, q in zip(prompts, solutions))
-    row_len = -(-longest // 8) * 8
-  return supervised_rows(prompts, solutions, row_len, tokenizer.pad_id)
+  longest = max(len(p) + len(q) for p, q in zip(prompts, solutions))
+  return supervised_rows(prompts, solutions, -(-longest // 8) * 8, tokenizer.pad_id)
 
 
 def warm_start(cfg: RunConfig, policy: Policy, mesh, rules, task, tokenizer,
@@ -101,10 +100,10 @@ def warm_start(cfg: RunConfig, policy: Policy, mesh, rules, task, tokenizer,
   opt = make_optimizer(dataclasses.replace(cfg.optimizer, lr=ws.lr, warmup_steps=0, eps=ws.eps, grad_clip=ws.grad_clip))
   state = init_train_state(policy, opt, mesh, rules, seed=cfg.seed)
   # rows as long as the longest example rounded up to 8 (no compute on padding), within the rollout budget
-  tokens_all, mask_all = _encode_rows(task, task.train_records(), tokenizer)
+  tokens_all, mask_all = solution_rows(task, task.train_records(), tokenizer)
   budget = cfg.rollout.max_prefill_len + cfg.rollout.max_new_tokens
   tokens_all, mask_all = tokens_all[:, :budget], mask_all[:, :budget]
-  evaluate = reference_pass_rate_fn(policy, *_encode_rows(task, task.warmstart_val_records(), tokenizer))
+  evaluate = reference_pass_rate_fn(policy, *solution_rows(task, task.warmstart_val_records(), tokenizer))
   bsh = batch_sharding(mesh, rules, 2, ws.batch_size)
   step_fn = make_train_step(lambda p, b: next_token_loss(policy, p, b["tokens"], b["weights"]), opt, 1,
                             state_shardings(policy, opt, mesh, rules), {"tokens": bsh, "weights": bsh})
