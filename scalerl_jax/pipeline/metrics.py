@@ -59,7 +59,7 @@ class MetricsLogger:
     if self._tb is not None:
       for k, v in record.items():
         if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
-          self._tb.add_scalar(k, v, step)
+          self._tb.add_scalar(_tb_name(k), v, step)
 
   def write_prompts(self, step: int, prompt_ids: list[str]) -> None:
     with self.prompts_path.open("a") as f:
@@ -68,6 +68,11 @@ class MetricsLogger:
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+
+
+def _tb_name(key: str) -> str:
+  """TensorBoard's name for a metric: '@' is not allowed there (tensorboardX would rename it and log each time)."""
+  return key.replace("@", "_at_")
 
 
 class ComputeMeter:
