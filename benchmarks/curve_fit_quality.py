@@ -16,11 +16,8 @@ Writes benchmarks/results/curve_fit_quality.json (with date, machine and command
 """
 
 import argparse
-import datetime
-import json
 import os
 import pathlib
-import platform
 import sys
 import time
 
@@ -28,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from benchmarks.record import save_result  # noqa: E402
 from scalerl_jax.scaling import bayes, fit, synthetic  # noqa: E402
 from scalerl_jax.scaling.curves import SigmoidParams  # noqa: E402
 from scalerl_jax.scaling.points import split  # noqa: E402
@@ -105,16 +103,11 @@ def main(argv=None):
           f" {pct(v['band90_covers_final']):>11} {pct(v['predictive90_covers_measured']):>11}"
           f" {v['median_abs_A_err']:8.4f} {v['seconds_median']:10.3f} {v['seconds_max']:10.2f}")
   print("(s/fit max of a NUTS fitter includes its XLA compilations: one per padded length)")
-  record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([pathlib.Path(sys.executable).name] + sys.argv),
-            "machine": {**platform.uname()._asdict(), "cpu_count": os.cpu_count()},
-            "config": {**vars(args), "out": os.path.relpath(args.out, pathlib.Path(__file__).parents[1])}, "goals": {"A_within_0.02": ">= 0.90", "final_within_0.02": ">= 0.90",
-                                            "band90_covers_final": "0.85 .. 0.95", "nuts_seconds": "<= 10"},
-            "results": results}
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(record, indent=1) + "\n")
-  print(f"wrote {out}")
+  save_result(args.out, {
+      "config": {**vars(args), "out": os.path.relpath(args.out, pathlib.Path(__file__).parents[1])},
+      "goals": {"A_within_0.02": ">= 0.90", "final_within_0.02": ">= 0.90", "band90_covers_final": "0.85 .. 0.95",
+                "nuts_seconds": "<= 10"},
+      "results": results})
 
 
 if __name__ == "__main__":

@@ -10,17 +10,17 @@ per-evaluation curve against step and compute).
 """
 
 import argparse
-import datetime
 import json
-import os
 import pathlib
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.record import save_result  # noqa: E402
 
 
 def run_seed(seed: int, steps, extra, workdir: pathlib.Path) -> dict:
@@ -75,10 +75,7 @@ def main() -> None:
             f"{r['t_plus_0.20_s']} s | +0.40 at {r['t_plus_0.40_s']} s (step {r['step_plus_0.40']}) | best "
             f"{r['best']:.3f} @ step {r['best_step']} | final {r['final']:.3f} | greedy {r['greedy_start']:.3f} -> "
             f"{r['greedy_final']:.3f} | total {r['total_s']} s", flush=True)
-  out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": platform.uname()._asdict(),
-         "cpu_count": os.cpu_count(), "command": " ".join([sys.executable, *sys.argv]), "results": results}
-  pathlib.Path(args.out).write_text(json.dumps(out, indent=2))
-  print(f"wrote {args.out}")
+  save_result(args.out, {"results": results})
 
 
 if __name__ == "__main__":

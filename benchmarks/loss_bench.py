@@ -11,11 +11,8 @@ the date, the machine and the command to --out.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import pathlib
-import platform
 import statistics
 import sys
 import time
@@ -25,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+from benchmarks.record import save_result  # noqa: E402
 from scalerl_jax import rl  # noqa: E402
 from scalerl_jax.config import CHOICES, LossConfig  # noqa: E402
 from scalerl_jax.types import TrainBatch  # noqa: E402
@@ -98,20 +96,14 @@ def main(argv=None) -> dict:
     print(f"{r['name']:<14}{r['first_call_s']:>16.3f}{1e3 * r['median_s']:>14.2f}{tokens / r['median_s'] / 1e6:>10.1f}")
 
   result = {
-      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-      "machine": {**platform.uname()._asdict(), "cpu_count": os.cpu_count(), "jax": jax.__version__,
-                  "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
-                  # other jobs on the machine inflate and scatter the timings: compare with care when > cpu_count
-                  "load_avg_before_after": [load_before, os.getloadavg()]},
+      "jax": {"version": jax.__version__, "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
+              # other jobs on the machine inflate and scatter the timings: compare with care when > cpu_count
+              "load_avg_before_after": [load_before, os.getloadavg()]},
       "shape": {"prompts": P, "samples": G, "tokens": T, "loss_tokens": tokens},
       "repeats": args.repeats,
       "results": rows,
   }
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=2) + "\n")
-  print(f"wrote {out}")
+  save_result(args.out, result)
   return result
 
 

@@ -16,10 +16,8 @@ Prints a table and writes JSON. Timings are the best of several repeats (other p
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
-import platform
 import sys
 import time
 
@@ -29,6 +27,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks.record import save_result  # noqa: E402
 from scalerl_jax import mesh as mesh_lib, types  # noqa: E402
 from scalerl_jax.config import InterruptionConfig, ModelConfig, RolloutConfig  # noqa: E402
 from scalerl_jax.model.policy import Policy, param_count  # noqa: E402
@@ -199,7 +198,6 @@ def main() -> None:
   ap.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results" / "rollout_throughput.json"))
   args = ap.parse_args()
   results = {"jax": jax.__version__, "backend": jax.default_backend(), "devices": jax.device_count(),
-             "cpus": os.cpu_count(), "machine": platform.machine(),
              "load_average_at_start": os.getloadavg()[0]}  # other processes on the same cores slow every number
   if args.only in (None, "tiny"):
     results["tiny"] = bench_tiny(args.repeats)
@@ -220,10 +218,7 @@ def main() -> None:
   results["load_average_at_end"] = os.getloadavg()[0]
   print(f"load average (1 min) at start {results['load_average_at_start']:.1f}, at end "
         f"{results['load_average_at_end']:.1f} on {os.cpu_count()} cores")
-  path = pathlib.Path(args.out)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(results, indent=2) + "\n")
-  print(f"wrote {path}")
+  save_result(args.out, results)
 
 
 if __name__ == "__main__":
