@@ -1,15 +1,18 @@
 """Built-in tasks: formats, solutions, verifiers, and splits that never overlap; the file task's held-out split."""
 
 import dataclasses
+import pathlib
 
 import pytest
 
 from tests.fixtures import make_fixtures
-from scalerl_jax.config import DataConfig
+from scalerl_jax.config import DataConfig, load_config
 from scalerl_jax.data import arith
 from scalerl_jax.data.sources import DataError
 from scalerl_jax.data.tasks import AdditionTask, CountdownTask, FileTask, make_task
 from scalerl_jax.data.tokenizer import CharTokenizer
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _small(cls, knob, seed=0):
@@ -64,10 +67,17 @@ def test_reference_solutions_score_one_and_fit_the_char_vocabulary(cls, knob):
     assert sol.endswith("$") and tok.decode(tok.encode(rec.text + sol)) == rec.text + sol
 
 
-def test_default_prompts_and_solutions_fit_the_default_rollout_budget():
-  for task in (_small(AdditionTask, 3), _small(CountdownTask, 3)):
+@pytest.mark.parametrize("config, tasks", [
+    (None, (AdditionTask, CountdownTask)),  # the RolloutConfig defaults serve both built-in tasks
+    (REPO / "configs" / "cpu_default.yaml", (AdditionTask,)),  # the CPU default's budget is sized to addition
+])
+def test_builtin_prompts_and_solutions_fit_the_rollout_budget(config, tasks):
+  rollout, tok = load_config(config).rollout, CharTokenizer()
+  for cls in tasks:
+    task = _small(cls, 3)
     for rec in task.train_records():
-      assert 1 + len(rec.text) <= 16 and len(task.solution(rec)) <= 24
+      prompt, solution = tok.encode_prompt(rec.text), tok.encode(task.solution(rec))
+      assert len(prompt) <= rollout.max_prefill_len and len(solution) <= rollout.max_new_tokens, (config, rec)
 
 
 @pytest.mark.parametrize("completion, reward", [

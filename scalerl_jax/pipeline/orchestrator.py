@@ -181,7 +181,7 @@ class GeneratorThread(threading.Thread):
         continue
       t = time.perf_counter()
       finished = driver.step(params, version)
-      for rollout_group, group in zip(finished, self.score(finished) if finished else ()):
+      for rollout_group, group in zip(finished, self.score(finished)):
         b, pos = where.pop(rollout_group.uid)
         pending[b][pos] = group
         if all(g is not None for g in pending[b]):
