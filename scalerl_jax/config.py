@@ -167,6 +167,8 @@ class PipelineConfig:
   max_lag: int = 8  # k
   steps: int = 120
   micro_batches: int = 1
+  # the trainer computes each prompt once per group instead of once per sample (same loss and gradient)
+  shared_prompt: bool = True
   eval_every: int = 10
   eval_samples: int = 8  # n in mean@n
   eval_temperature: float = 1.0

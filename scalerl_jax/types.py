@@ -64,3 +64,4 @@ class TrainBatch:
   sample_weights: Any  # float32[B] sequence-level aggregation weights (GSPO): loss = sum(w_b * seq_loss_b)
   versions: Any  # int32[B, T] policy version per token (-1 where none)
   ref_logprobs: Optional[Any] = None  # float32[B, T], only when a KL penalty is on
+  prompt_lengths: Optional[Any] = None  # int32[B] prompt tokens at the start of each row (shared-prompt trainer)

@@ -1,4 +1,4 @@
-"""Dense policy: causality, KV-cache decode == full forward, parameter count, fp32 LM head."""
+"""Dense policy: causality, KV-cache decode == full forward, parameter count, fp32 LM head, shared-prompt log-probs."""
 
 import dataclasses
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.model import Policy, param_count, token_logprobs
+from scalerl_jax.model import Policy, completion_logprobs, param_count, token_logprobs
 
 CFG = ModelConfig(vocab_size=40, hidden=32, intermediate=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                   qk_norm=True, tie_embeddings=False, max_seq_len=24, rope_theta=500.0)
@@ -88,3 +88,40 @@ def test_token_logprobs_alignment_and_fp32_head(policy_params):
   b = token_logprobs(Policy(bf32), params, tokens)
   assert not np.array_equal(np.asarray(a), np.asarray(b))
   assert Policy(bf32).logits(params, h.astype(jnp.bfloat16)).dtype == jnp.float32
+
+
+def test_completion_logprobs_compute_each_prompt_once_and_equal_full_rows(policy_params):
+  """The shared-prompt trainer path: same log-probs and gradients as full rows on every completion token."""
+  policy, params = policy_params
+  G, width, N = 3, 6, 8
+  T = width + N
+  rng = np.random.default_rng(5)
+  prompt_len = np.repeat(rng.integers(2, width + 1, 4), G)  # ragged prompts, one per group of G rows
+  tokens = rng.integers(0, CFG.vocab_size, (4 * G, T))
+  for b in range(4 * G):  # rows of a group share the prompt; completions differ
+    tokens[b, :prompt_len[b]] = tokens[b - b % G, :prompt_len[b]]
+  tokens = jnp.asarray(tokens, jnp.int32)
+  cols = prompt_len[:, None] + np.arange(N)
+  weights = rng.normal(size=(4 * G, T)).astype(np.float32)
+  inside = cols < T
+  w_cols = np.where(inside, np.take_along_axis(weights, np.minimum(cols, T - 1), axis=1), 0)
+  w_rows = np.zeros_like(weights)  # the same weights on the same tokens, in row coordinates
+  for b in range(4 * G):
+    w_rows[b, cols[b][inside[b]]] = w_cols[b][inside[b]]
+
+  full = lambda p: jnp.sum(token_logprobs(policy, p, tokens) * w_rows)
+  shared = lambda p: jnp.sum(completion_logprobs(policy, p, tokens, prompt_len, G, width, N)[0] * w_cols)
+  # the two sides differ: full rows embed B x T tokens, the shared path P x width prompt tokens + B x N completions
+  assert f"[{4 * G},{T},{CFG.hidden}]" in str(jax.make_jaxpr(full)(params))
+  shared_jaxpr = str(jax.make_jaxpr(shared)(params))
+  assert f"[4,{width},{CFG.hidden}]" in shared_jaxpr and f"[{4 * G},{T},{CFG.hidden}]" not in shared_jaxpr
+
+  logp, got_cols = completion_logprobs(policy, params, tokens, prompt_len, G, width, N)
+  np.testing.assert_array_equal(np.asarray(got_cols), cols)
+  ref = np.take_along_axis(np.asarray(token_logprobs(policy, params, tokens)), np.minimum(cols, T - 1), axis=1)
+  np.testing.assert_allclose(np.asarray(logp)[inside], ref[inside], atol=1e-5)
+  assert np.all(np.asarray(logp)[~inside] == 0)
+  for a, b in zip(jax.tree.leaves(jax.grad(full)(params)), jax.tree.leaves(jax.grad(shared)(params))):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-4)
+  with pytest.raises(ValueError, match="groups of 5"):
+    completion_logprobs(policy, params, tokens, prompt_len, 5, width, N)

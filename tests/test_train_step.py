@@ -1,4 +1,5 @@
-"""Sharded train step: same parameters on data=8, fsdp=4 x tensor=2 and one device; micro-batched == full batch."""
+"""Sharded train step: same parameters on data=8, fsdp=4 x tensor=2 and one device; micro-batched == full batch;
+the shared-prompt RL loss == the full-row loss."""
 
 import functools
 
@@ -7,11 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scalerl_jax.config import ModelConfig, OptimizerConfig
+from scalerl_jax import rl
+from scalerl_jax.config import LossConfig, ModelConfig, OptimizerConfig
 from scalerl_jax.mesh import TRAIN_RULES, batch_sharding, make_mesh
 from scalerl_jax.model import Policy, next_token_loss
+from scalerl_jax.pipeline.batching import PromptLayout, make_rl_loss
 from scalerl_jax.train.state import init_train_state, make_optimizer, state_shardings
-from scalerl_jax.train.step import make_train_step
+from scalerl_jax.train.step import make_train_step, split_micro_batches
+from scalerl_jax.types import TrainBatch
 
 CFG = ModelConfig(vocab_size=32, hidden=32, intermediate=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                   max_seq_len=16)
@@ -73,3 +77,58 @@ def test_micro_batched_step_equals_full_batch(single_device):
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
   _assert_same_params(state, ref_state, 2e-5)
   assert losses[2] < losses[0]  # the step does optimise (step 0 has lr 0: linear warmup from 0)
+
+
+def test_split_micro_batches_keeps_groups_whole():
+  rows = jnp.arange(12)
+  np.testing.assert_array_equal(split_micro_batches(rows, 2), [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 11]])
+  np.testing.assert_array_equal(split_micro_batches(rows, 2, block=3), [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9, 10, 11]])
+  with pytest.raises(ValueError, match="whole 4-row groups"):
+    split_micro_batches(rows, 2, block=4)
+
+
+def _rl_batch(P: int, G: int, width: int, N: int) -> TrainBatch:
+  """Groups of G rows sharing a ragged prompt, ragged completions, CISPO inputs normalised over the batch."""
+  rng = np.random.default_rng(3)
+  B, T = P * G, width + N
+  prompt_len = np.repeat(rng.integers(2, width + 1, P), G).astype(np.int32)
+  tokens = rng.integers(0, CFG.vocab_size, (B, T)).astype(np.int32)
+  mask = np.zeros((B, T), np.float32)
+  for b in range(B):
+    tokens[b, :prompt_len[b]] = tokens[b - b % G, :prompt_len[b]]
+    mask[b, prompt_len[b]:prompt_len[b] + rng.integers(1, N + 1)] = 1
+  gen = np.where(mask > 0, -rng.uniform(0.5, 3.0, (B, T)), 0).astype(np.float32)
+  return TrainBatch(tokens=tokens, loss_mask=mask, gen_logprobs=gen, advantages=rng.normal(size=B).astype(np.float32),
+                    token_weights=mask / mask.sum(), sample_weights=np.full(B, 1 / B, np.float32),
+                    versions=np.where(mask > 0, 0, -1).astype(np.int32), prompt_lengths=prompt_len)
+
+
+def test_shared_prompt_rl_step_equals_full_rows_sharded_and_micro_batched():
+  """The RL loss that computes each prompt once per group (micro-batches of whole groups, fsdp x tensor mesh)
+  takes the same optimizer steps as the full-row loss on one device."""
+  P, G, width, N = 8, 4, 5, 6
+  batch = _rl_batch(P, G, width, N)
+  policy, opt = Policy(CFG), make_optimizer(OPT)
+  loss_cfg = LossConfig(name="cispo")
+
+  def run(spec, devices, layout, micro_batches):
+    mesh = make_mesh(spec, devices)
+    state = init_train_state(policy, opt, mesh, TRAIN_RULES, seed=0)
+    rows, cols = batch_sharding(mesh, TRAIN_RULES, 1, P * G), batch_sharding(mesh, TRAIN_RULES, 2, P * G)
+    bsh = TrainBatch(tokens=cols, loss_mask=cols, gen_logprobs=cols, advantages=rows, token_weights=cols,
+                     sample_weights=rows, versions=cols, prompt_lengths=rows)
+    step = make_train_step(make_rl_loss(policy, loss_cfg, 1.0, layout), opt, micro_batches,
+                           state_shardings(policy, opt, mesh, TRAIN_RULES), bsh,
+                           metrics_init=rl.empty_metrics, metrics_combine=rl.accumulate_metrics,
+                           micro_batch_block=G if layout else 1)
+    losses = []
+    for _ in range(3):
+      state, metrics = step(state, jax.device_put(batch, bsh))
+      losses.append(float(metrics["loss"]))
+    return state, losses
+
+  ref_state, ref_losses = run("data=1", jax.devices()[:1], None, 1)
+  state, losses = run("fsdp=4,tensor=2", jax.devices(), PromptLayout(G, width, N), 2)
+  assert ref_losses[0] != 0 and ref_losses[2] != ref_losses[0]  # a real loss that moves (step 0 has lr 0)
+  np.testing.assert_allclose(losses, ref_losses, rtol=1e-4, atol=1e-7)
+  _assert_same_params(state, ref_state, 5e-5)

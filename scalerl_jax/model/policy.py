@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.model.transformer import LayerCache, Transformer, _dtype
+from scalerl_jax.model.transformer import LayerCache, SharedPrefix, Transformer, _dtype
 
 Params = Any  # nested dict of arrays
 
@@ -46,11 +46,13 @@ class Policy:
     state = jax.tree.unflatten(self._state_treedef, jax.tree.leaves(params))
     return nnx.merge(self.graphdef, state)
 
-  def forward(self, params: Params, tokens_BT, positions_BT=None, cache: Optional[list[LayerCache]] = None):
-    """Hidden states [B, T, D] and the per-layer KV (the cache updated in place when one is given)."""
+  def forward(self, params: Params, tokens_BT, positions_BT=None, cache: Optional[list[LayerCache]] = None,
+              prefix: Optional[list[SharedPrefix]] = None):
+    """Hidden states [B, T, D] and the per-layer KV (the cache updated in place when one is given; with a
+    `prefix`, the tokens also attend to that read-only KV)."""
     if positions_BT is None:
       positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
-    return self.module(params)(tokens_BT, positions_BT, cache)
+    return self.module(params)(tokens_BT, positions_BT, cache, prefix)
 
   def logits(self, params: Params, h_BTD):
     return self.module(params).logits(h_BTD)
@@ -81,6 +83,38 @@ def token_logprobs(policy: Policy, params: Params, tokens_BT, temperature: float
   h_BTD, _ = policy.forward(params, tokens_BT)
   logp_BT1 = _gather_logprobs(policy.logits(params, h_BTD[:, :-1]), tokens_BT[:, 1:], temperature)
   return jnp.pad(logp_BT1, ((0, 0), (1, 0)))
+
+
+def completion_logprobs(policy: Policy, params: Params, tokens_BT, prompt_len_B, group_size: int,
+                        prompt_width: int, completion_width: int, temperature: float = 1.0):
+  """The log-probs `token_logprobs` gives on each row's completion, with each prompt computed once per group.
+
+  Rows are prompt-major groups: rows [p*G, (p+1)*G) hold the same prompt in `tokens[b, :prompt_len_B[b]]`
+  (`prompt_len_B[b] <= prompt_width`) followed by that row's completion (layout of `scalerl_jax.types`). The
+  prompt runs through the model on B/G rows; the completions attend to its KV, repeated over the group, and to
+  themselves. For RL groups (8-16 samples of one prompt) this removes the prompt's share of the trainer's work.
+
+  Returns (logp_BN, cols_BN): `logp_BN[b, t] == token_logprobs(policy, params, tokens_BT)[b, cols_BN[b, t]]`
+  with `cols_BN[b, t] = prompt_len_B[b] + t` for t < `completion_width`; columns at or past the row's end
+  (cols >= T) read 0.
+  """
+  B, T = tokens_BT.shape
+  G = group_size
+  if B % G:
+    raise ValueError(f"{B} rows do not form groups of {G}")
+  prompt_len_B = jnp.asarray(prompt_len_B, jnp.int32)
+  h_PLD, kv = policy.forward(params, tokens_BT[::G, :prompt_width])
+  cols_BN = prompt_len_B[:, None] + jnp.arange(completion_width, dtype=jnp.int32)
+  comp_BN = jnp.take_along_axis(tokens_BT, jnp.minimum(cols_BN, T - 1), axis=1)
+  prefix = [SharedPrefix(jnp.repeat(c.k_BKSH, G, axis=0), jnp.repeat(c.v_BKSH, G, axis=0), prompt_len_B)
+            for c in kv]
+  h_BND, _ = policy.forward(params, comp_BN, cols_BN, prefix=prefix)
+  # the first completion token is predicted from the prompt's last position
+  last_PL = jax.nn.one_hot(prompt_len_B[::G] - 1, prompt_width, dtype=h_PLD.dtype)
+  last_PD = jnp.einsum("PL,PLD->PD", last_PL, h_PLD)
+  h_pred_BND = jnp.concatenate([jnp.repeat(last_PD, G, axis=0)[:, None], h_BND[:, :-1]], axis=1)
+  logp_BN = _gather_logprobs(policy.logits(params, h_pred_BND), comp_BN, temperature)
+  return jnp.where(cols_BN < T, logp_BN, 0.0), cols_BN
 
 
 def next_token_loss(policy: Policy, params: Params, tokens_BT, weights_BT):

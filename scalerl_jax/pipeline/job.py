@@ -27,7 +27,7 @@ from scalerl_jax.data.tasks import make_task
 from scalerl_jax.data.tokenizer import make_tokenizer
 from scalerl_jax.mesh import ROLLOUT_AXES, TRAIN_RULES, batch_sharding, make_mesh, split_devices
 from scalerl_jax.model import Policy, flops_per_token
-from scalerl_jax.pipeline.batching import build_train_batch, make_rl_loss, warm_prepare
+from scalerl_jax.pipeline.batching import PromptLayout, build_train_batch, make_rl_loss, warm_prepare
 from scalerl_jax.pipeline.evaluate import Evaluator
 from scalerl_jax.pipeline.metrics import ComputeMeter, MetricsLogger
 from scalerl_jax.pipeline.orchestrator import (AdmissionPolicy, BatchBuffer, GeneratorThread, PipelineError,
@@ -79,10 +79,14 @@ class RLJob:
     B = d.prompts_per_step * d.samples_per_prompt // jax.process_count()
     rows, cols = batch_sharding(self.train_mesh, TRAIN_RULES, 1, B), batch_sharding(self.train_mesh, TRAIN_RULES, 2, B)
     self.batch_sh = types.TrainBatch(tokens=cols, loss_mask=cols, gen_logprobs=cols, advantages=rows,
-                                     token_weights=cols, sample_weights=rows, versions=cols, ref_logprobs=None)
-    self.train_step = make_train_step(make_rl_loss(self.policy, cfg.loss, r.temperature), self.optimizer,
-                                      cfg.pipeline.micro_batches, self.state_sh, self.batch_sh,
-                                      metrics_init=rl.empty_metrics, metrics_combine=rl.accumulate_metrics)
+                                     token_weights=cols, sample_weights=rows, versions=cols, ref_logprobs=None,
+                                     prompt_lengths=rows)
+    G = d.samples_per_prompt
+    self.layout = PromptLayout(G, r.max_prefill_len, r.max_new_tokens) if cfg.pipeline.shared_prompt else None
+    self.train_step = make_train_step(make_rl_loss(self.policy, cfg.loss, r.temperature, self.layout),
+                                      self.optimizer, cfg.pipeline.micro_batches, self.state_sh, self.batch_sh,
+                                      metrics_init=rl.empty_metrics, metrics_combine=rl.accumulate_metrics,
+                                      micro_batch_block=G if self.layout else 1)
     self._copy_to_generator = jax.jit(lambda p: jax.tree.map(lambda x: x.copy(), p),
                                       out_shardings=self.engine.param_shardings)
     self.admission = AdmissionPolicy.from_config(cfg.pipeline.mode, cfg.pipeline.max_lag)
@@ -150,13 +154,20 @@ class RLJob:
         tokens=((B, self.row_len), np.int32), loss_mask=((B, self.row_len), np.float32),
         gen_logprobs=((B, self.row_len), np.float32), advantages=((B,), np.float32),
         token_weights=((B, self.row_len), np.float32), sample_weights=((B,), np.float32),
-        versions=((B, self.row_len), np.int32), ref_logprobs=None)
+        versions=((B, self.row_len), np.int32), ref_logprobs=None, prompt_lengths=((B,), np.int32))
     is_spec = lambda x: isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple)
     abstract = jax.tree.map(lambda spec, sh: jax.ShapeDtypeStruct(spec[0], spec[1], sharding=sh), shapes,
                             self.batch_sh, is_leaf=is_spec)
     self._step_fn = self.train_step.lower(self.state, abstract).compile()
     P, G = self.cfg.data.prompts_per_step // jax.process_count(), self.cfg.data.samples_per_prompt
     warm_prepare(P, G, self.row_len, self.cfg.loss)
+
+  def trained_tokens(self, rows: int) -> int:
+    """Token positions the train step runs through the model for `rows` rows (each prompt once per group with
+    the shared-prompt loss)."""
+    if self.layout is None:
+      return rows * self.row_len
+    return rows // self.layout.group_size * self.layout.prompt_width + rows * self.layout.completion_width
 
   # ---- one step ----------------------------------------------------------------------------------------
   def next_prompts(self, batch_index: int) -> list[types.Prompt]:
@@ -185,7 +196,7 @@ class RLJob:
       raise PipelineError(f"step {step}: batch holds tokens of version {versions.min()}, older than the bound "
                           f"{self.admission.oldest_allowed(step)} (mode {cfg.pipeline.mode}, k={self.admission.k})")
     train_batch, host_metrics = build_train_batch(batch.groups, cfg.loss, self.row_len, self.tokenizer.pad_id,
-                                                  cfg.data.reward_scale)
+                                                  cfg.data.reward_scale, self.layout)
     self.state, device_metrics = self._step_fn(self.state, jax.device_put(train_batch, self.batch_sh))
     version = step + 1
     t_sync = time.perf_counter()
@@ -201,7 +212,8 @@ class RLJob:
     gen_tokens = sum(len(s.tokens) for s in samples)
     lag = step - versions if versions.size else np.zeros(1)
     self.meter.gen_flops += gen_tokens * flops_per_token(cfg.model, self.row_len // 2)
-    self.meter.train_flops += train_batch.tokens.size * flops_per_token(cfg.model, self.row_len // 2, backward=True)
+    train_tokens = self.trained_tokens(train_batch.tokens.shape[0])
+    self.meter.train_flops += train_tokens * flops_per_token(cfg.model, self.row_len // 2, backward=True)
     host = {
         **{f"train/{k}": v for k, v in host_metrics.items()},
         **{f"data/{k}": v for k, v in data_metrics.items()}, "data/npr_removed": self.npr.num_removed,
@@ -211,7 +223,7 @@ class RLJob:
         "pipeline/lag_min": float(lag.min()), "pipeline/lag_mean": float(lag.mean()), "pipeline/lag_max": float(lag.max()),
         "pipeline/weight_sync_s": sync_s, "pipeline/trainer_wait_s": wait_s, "pipeline/version": version,
     }
-    self._pending = (step, device_metrics, host, train_batch.tokens.size, time.perf_counter() - t0 + wait_s, wait_s)
+    self._pending = (step, device_metrics, host, train_tokens, time.perf_counter() - t0 + wait_s, wait_s)
     self.meter.train_busy_s += time.perf_counter() - t0
     self.logger.write_prompts(step, [g.prompt.prompt_id for g in batch.groups])
     if cfg.pipeline.eval_every and version % cfg.pipeline.eval_every == 0:

@@ -20,12 +20,15 @@ from scalerl_jax.train.state import TrainState
 LossFn = Callable[[Any, Any], tuple[jax.Array, dict]]
 
 
-def split_micro_batches(batch: Any, num: int) -> Any:
-  """[B, ...] -> [num, B/num, ...] with micro-batch m = rows m::num."""
+def split_micro_batches(batch: Any, num: int, block: int = 1) -> Any:
+  """[B, ...] -> [num, B/num, ...]: rows go in blocks of `block` consecutive rows (a prompt's group), and
+  micro-batch m holds blocks m, m+num, m+2*num, ... (with block=1: rows m::num)."""
   def split(x):
-    if x.shape[0] % num:
-      raise ValueError(f"batch of {x.shape[0]} rows does not split into {num} micro-batches")
-    return jnp.swapaxes(x.reshape(x.shape[0] // num, num, *x.shape[1:]), 0, 1)
+    if x.shape[0] % (num * block):
+      raise ValueError(f"batch of {x.shape[0]} rows does not split into {num} micro-batches of whole "
+                       f"{block}-row groups")
+    y = x.reshape(x.shape[0] // (num * block), num, block, *x.shape[1:])
+    return jnp.swapaxes(y, 0, 1).reshape(num, x.shape[0] // num, *x.shape[1:])
   return jax.tree.map(split, batch)
 
 
@@ -35,18 +38,18 @@ def _add(a, b):
 
 def accumulate_gradients(loss_fn: LossFn, params: Any, batch: Any, micro_batches: int,
                          metrics_init: Optional[Callable[[], dict]] = None,
-                         metrics_combine: Optional[Callable[[dict, dict], dict]] = None):
+                         metrics_combine: Optional[Callable[[dict, dict], dict]] = None, block: int = 1):
   """(loss, metrics, grads) summed over micro-batches in one scan with fp32 accumulators.
 
   Metrics start from `metrics_init()` and combine with `metrics_combine(acc, new)` (default: zeros and +; a
-  loss library may combine some keys by min/max).
+  loss library may combine some keys by min/max). `block` keeps groups of consecutive rows in one micro-batch.
   """
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if micro_batches == 1:
     (loss, metrics), grads = grad_fn(params, batch)
     return loss, metrics, grads
 
-  mbs = split_micro_batches(batch, micro_batches)
+  mbs = split_micro_batches(batch, micro_batches, block)
   first = jax.tree.map(lambda x: x[0], mbs)
   (_, metrics_shape), _ = jax.eval_shape(grad_fn, params, first)
   zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), tree)
@@ -66,21 +69,23 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: Any, micro_batches
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, micro_batches: int = 1,
                     state_shardings: Optional[TrainState] = None, batch_shardings: Any = None,
-                    eager: bool = False, metrics_init=None, metrics_combine=None):
+                    eager: bool = False, metrics_init=None, metrics_combine=None, micro_batch_block: int = 1):
   """Returns `step(state, batch) -> (state, metrics)`, jitted with explicit shardings and a donated state.
 
-  `eager=True` returns the same function un-jitted, for stepping through with a debugger.
+  `micro_batch_block`: rows that must share a micro-batch come in consecutive blocks of this size (a loss that
+  computes each prompt once per group needs whole groups). `eager=True` returns the same function un-jitted,
+  for stepping through with a debugger.
   """
 
   def step(state: TrainState, batch: Any):
     loss, metrics, grads = accumulate_gradients(loss_fn, state.params, batch, micro_batches, metrics_init,
-                                                metrics_combine)
+                                                metrics_combine, micro_batch_block)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     out = dict(metrics)
     out["loss"] = loss
-    out["grad_norm"] = optax.global_norm(grads)
-    out["update_norm"] = optax.global_norm(updates)
+    out["grad_norm"] = optax.tree.norm(grads)
+    out["update_norm"] = optax.tree.norm(updates)
     return TrainState(params=params, opt_state=opt_state, step=state.step + 1), out
 
   if eager:
