@@ -197,11 +197,14 @@ class RLJob:
                           f"{self.admission.oldest_allowed(step)} (mode {cfg.pipeline.mode}, k={self.admission.k})")
     train_batch, host_metrics = build_train_batch(batch.groups, cfg.loss, self.row_len, self.tokenizer.pad_id,
                                                   cfg.data.reward_scale, self.layout)
+    t_train = time.perf_counter()
     self.state, device_metrics = self._step_fn(self.state, jax.device_put(train_batch, self.batch_sh))
+    jax.block_until_ready(self.state.params)  # dispatch is asynchronous: wait, so train time is the step's own
+    train_s = time.perf_counter() - t_train
     version = step + 1
     t_sync = time.perf_counter()
     if self.admission.publishes(version):
-      self.weights.publish(self.to_generator(self.state.params), version)
+      self.weights.publish(jax.block_until_ready(self.to_generator(self.state.params)), version)
     sync_s = time.perf_counter() - t_sync
     with self.data_lock:
       pass_rates = [float(np.mean(is_success(g.rewards, cfg.data.reward_scale))) for g in batch.groups]
@@ -223,7 +226,7 @@ class RLJob:
         "pipeline/lag_min": float(lag.min()), "pipeline/lag_mean": float(lag.mean()), "pipeline/lag_max": float(lag.max()),
         "pipeline/weight_sync_s": sync_s, "pipeline/trainer_wait_s": wait_s, "pipeline/version": version,
     }
-    self._pending = (step, device_metrics, host, train_tokens, time.perf_counter() - t0 + wait_s, wait_s)
+    self._pending = (step, device_metrics, host, train_tokens / train_s, time.perf_counter() - t0 + wait_s, wait_s)
     self.meter.train_busy_s += time.perf_counter() - t0
     self.logger.write_prompts(step, [g.prompt.prompt_id for g in batch.groups])
     if cfg.pipeline.eval_every and version % cfg.pipeline.eval_every == 0:
@@ -236,7 +239,7 @@ class RLJob:
   def _flush_pending(self, evaluate: bool = False) -> None:
     if self._pending is None:
       return
-    step, device_metrics, host, train_tokens, step_s, wait_s = self._pending
+    step, device_metrics, host, train_tokens_per_s, step_s, wait_s = self._pending
     self._pending = None
     self.meter.tick()
     gen = self._generator.stats if self._generator is not None else None
@@ -245,7 +248,7 @@ class RLJob:
     for k in ("grad_norm", "update_norm"):
       out[f"train/{k}"] = float(device_metrics[k])
     out["pipeline/trainer_wait_frac"] = wait_s / max(step_s, 1e-9)
-    out["train/tokens_per_s"] = train_tokens / max(step_s - wait_s, 1e-9)
+    out["train/tokens_per_s"] = train_tokens_per_s
     out["rollout/tokens_per_s"] = host["rollout/tokens"] / max(step_s, 1e-9)
     if gen is not None:
       self.meter.gen_busy_s = gen.busy_s
