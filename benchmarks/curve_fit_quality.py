@@ -87,6 +87,8 @@ def main(argv=None):
       print(f"  {i + 1}/{args.runs} runs", flush=True)
   results = {}
   for name, rs in rows.items():
+    if not rs:  # e.g. the NUTS fitters with --bayes-runs 0
+      continue
     frac = lambda key, ok: float(np.mean([ok(r[key]) for r in rs])) if rs and rs[0][key] is not None else None  # noqa: E731
     sec = np.array([r["seconds"] for r in rs])
     results[name] = {"runs": len(rs), "A_within_0.02": frac("a_err", lambda e: abs(e) <= 0.02),
