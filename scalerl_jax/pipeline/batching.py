@@ -108,8 +108,9 @@ def make_rl_loss(policy: Policy, cfg: LossConfig, temperature: float, layout: Op
   configured policy loss (additive over micro-batches).
 
   With a `layout`, each prompt runs through the model once per group (`completion_logprobs`) and the loss reads
-  the batch in completion columns: the same loss and gradient (the weights are 0 on prompt tokens) for about
-  (prompt + completion) / (prompt / G + completion) less work. Micro-batches must then hold whole groups.
+  the batch in completion columns: the same loss and gradient (the weights are 0 on prompt tokens), with the
+  model's work divided by about (prompt + completion) / (prompt / G + completion). Micro-batches must then hold
+  whole groups.
   """
   t = temperature if temperature > 0 else 1.0
 
