@@ -16,6 +16,15 @@ from scalerl_jax.data.evaluation import is_success
 from scalerl_jax.model import Policy, completion_logprobs, token_logprobs
 
 
+@dataclasses.dataclass(frozen=True)
+class PromptLayout:
+  """How the trainer may compute each prompt once per group: rows come in groups of `group_size` sharing a prompt
+  of at most `prompt_width` tokens, followed by at most `completion_width` completion tokens."""
+  group_size: int
+  prompt_width: int
+  completion_width: int
+
+
 def pack_groups(groups: Sequence[types.Group], row_len: int, pad_id: int) -> dict:
   """Prompt-major rows (P*G) of prompt + completion tokens padded to `row_len`, with the per-token arrays
   aligned to `tokens` (see scalerl_jax.types), each row's prompt length, and per-sample flags as [P, G]."""
@@ -59,7 +68,7 @@ def warm_prepare(P: int, G: int, row_len: int, cfg: LossConfig) -> None:
 
 
 def build_train_batch(groups: Sequence[types.Group], cfg: LossConfig, row_len: int, pad_id: int,
-                      reward_scale: str, layout: Optional["PromptLayout"] = None) -> tuple[types.TrainBatch, dict]:
+                      reward_scale: str, layout: Optional[PromptLayout] = None) -> tuple[types.TrainBatch, dict]:
   """Advantages, filters and aggregation weights for the whole step batch (rl.prepare), then a TrainBatch.
   With a `layout` (the shared-prompt loss), every prompt and completion must fit its width."""
   packed = pack_groups(groups, row_len, pad_id)
@@ -79,15 +88,6 @@ def build_train_batch(groups: Sequence[types.Group], cfg: LossConfig, row_len: i
   metrics = {k: float(v) for k, v in jax.device_get(prep.metrics).items()}
   metrics["pass_rate"] = float(np.mean(correct))
   return batch, metrics
-
-
-@dataclasses.dataclass(frozen=True)
-class PromptLayout:
-  """How the trainer may compute each prompt once per group: rows come in groups of `group_size` sharing a prompt
-  of at most `prompt_width` tokens, followed by at most `completion_width` completion tokens."""
-  group_size: int
-  prompt_width: int
-  completion_width: int
 
 
 def completion_view(batch: types.TrainBatch, cols_BN) -> types.TrainBatch:

@@ -3,8 +3,9 @@
 The loss is an argument: `loss_fn(params, micro_batch) -> (loss, metric_sums)` where `loss` is *additive over
 micro-batches* (normalised by global counts carried in the batch, see `scalerl_jax.types.TrainBatch`) and
 `metric_sums` is a dict of scalars that are summed over micro-batches. Gradient accumulation runs inside the jit
-as a `lax.scan` over micro-batches; micro-batch m holds rows m, m+M, m+2M, ... so that on a data-sharded batch
-every device works on every micro-batch without moving data.
+as a `lax.scan` over micro-batches; micro-batch m holds rows m, m+M, m+2M, ... (or, with `micro_batch_block=G`,
+the G-row groups m, m+M, ...: whole groups for a loss that computes each prompt once) so that on a data-sharded
+batch every device works on every micro-batch without moving data.
 """
 
 from __future__ import annotations
