@@ -9,6 +9,7 @@ import pytest
 
 from scalerl_jax.config import ModelConfig
 from scalerl_jax.model import Policy, completion_logprobs, param_count, token_logprobs
+from scalerl_jax.model.transformer import rope_angles
 
 CFG = ModelConfig(vocab_size=40, hidden=32, intermediate=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                   qk_norm=True, tie_embeddings=False, max_seq_len=24, rope_theta=500.0)
@@ -36,8 +37,9 @@ def test_causality_gradient_is_exactly_zero(policy_params):
     x = e
     positions = jnp.arange(10)[None]
     module = policy.module(params)
+    sin_cos = rope_angles(positions, CFG.head_dim, CFG.rope_theta, CFG.max_seq_len)
     for block in module.blocks:
-      x, _ = block(x, positions, None)
+      x, _ = block(x, positions, sin_cos, None)
     return module.final_norm(x)[0, t].sum()
 
   grad_fn = jax.jit(jax.grad(out_at), static_argnums=1)

@@ -168,11 +168,33 @@ def test_sharded_submesh_equals_one_device(engine, params):
   params_s = sharded.put_params(jax.device_get(params))
   assert {d for x in jax.tree.leaves(params_s) for d in x.devices()} == set(devices)
   state = sharded.init_decode_state()
-  assert state.cache[0].k_BKSH.sharding.spec == jax.sharding.PartitionSpec("data", "tensor", None, None)
+  assert state.cache[0].k_BKHS.sharding.spec == jax.sharding.PartitionSpec("data", "tensor", None, None)
   assert state.token_B.sharding.spec == jax.sharding.PartitionSpec("data")
   assert params_s["blocks"][0]["mlp"]["gate"].sharding.spec == jax.sharding.PartitionSpec(None, "tensor")
   expect = run(engine, params, PROMPTS, 2, GREEDY)
   got = run(sharded, params_s, PROMPTS, 2, GREEDY)
+  for e, g in zip(expect, got):
+    np.testing.assert_array_equal(g["tokens"], e["tokens"])
+    np.testing.assert_allclose(g["logprobs"], e["logprobs"], atol=1e-5)
+
+
+def test_data_sharded_slots_decode_per_shard_without_collectives(engine, params):
+  """Slots sharded over "data" run insert and the decode loop per shard: the compiled programs hold no
+  collective, shards whose slots are all idle stop at once, and sampled tokens equal one device's."""
+  mesh = mesh_lib.make_mesh("data=4", jax.devices()[:4], mesh_lib.ROLLOUT_AXES)
+  sharded = Engine(Policy(CFG), ROLLOUT, mesh)
+  assert sharded.data_shards == 4 and engine.data_shards == 1
+  params_s = sharded.put_params(jax.device_get(params))
+  state = sharded.init_decode_state()
+  for fn, args, kw in ((sharded._generate, (params_s, state, np.int32(0)), dict(steps=4, sampling=SAMPLED)),
+                       (sharded._prefill_insert, (params_s, state) + sharded._pad_prompts(PROMPTS)
+                        + sharded._pad_inserts([0], [0], [0], [0]) + (jax.random.key(0),), {})):
+    hlo = fn.lower(*args, **kw).compile().as_text()
+    assert not [op for op in ("all-reduce", "all-gather", "all-to-all", "collective-permute") if op in hlo]
+  # 2 prompts x 2 samples fill slots 0-3 (shards 0 and 1); shards 2 and 3 stay idle
+  expect = run(engine, params, PROMPTS, 2, SAMPLED)
+  got = run(sharded, params_s, PROMPTS, 2, SAMPLED)
+  assert len({tuple(e["tokens"]) for e in expect}) == 4  # sampled: the four samples differ
   for e, g in zip(expect, got):
     np.testing.assert_array_equal(g["tokens"], e["tokens"])
     np.testing.assert_allclose(g["logprobs"], e["logprobs"], atol=1e-5)

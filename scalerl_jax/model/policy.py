@@ -59,9 +59,8 @@ class Policy:
 
   def init_cache(self, batch: int, length: int) -> list[LayerCache]:
     c = self.cfg
-    shape = (batch, c.num_kv_heads, length, c.head_dim)  # LayerCache k_BKSH / v_BKSH
-    zeros = lambda: jnp.zeros(shape, _dtype(c.dtype))
-    return [LayerCache(zeros(), zeros()) for _ in range(c.num_layers)]
+    zeros = lambda *shape: jnp.zeros((batch, c.num_kv_heads) + shape, _dtype(c.dtype))
+    return [LayerCache(zeros(c.head_dim, length), zeros(length, c.head_dim)) for _ in range(c.num_layers)]
 
 
 def _gather_logprobs(logits_BTV, targets_BT, temperature: float):
@@ -106,7 +105,8 @@ def completion_logprobs(policy: Policy, params: Params, tokens_BT, prompt_len_B,
   h_PLD, kv = policy.forward(params, tokens_BT[::G, :prompt_width])
   cols_BN = prompt_len_B[:, None] + jnp.arange(completion_width, dtype=jnp.int32)
   comp_BN = jnp.take_along_axis(tokens_BT, jnp.minimum(cols_BN, T - 1), axis=1)
-  prefix = [SharedPrefix(jnp.repeat(c.k_BKSH, G, axis=0), jnp.repeat(c.v_BKSH, G, axis=0), prompt_len_B)
+  prefix = [SharedPrefix(jnp.repeat(c.k_BKHS.transpose(0, 1, 3, 2), G, axis=0), jnp.repeat(c.v_BKSH, G, axis=0),
+                         prompt_len_B)
             for c in kv]
   h_BND, _ = policy.forward(params, comp_BN, cols_BN, prefix=prefix)
   # the first completion token is predicted from the prompt's last position

@@ -28,10 +28,13 @@ from scalerl_jax.config import ModelConfig
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class LayerCache:
-  """Keys and values of one layer, KV-head-major: [B, K, S, H]. Decode attention then multiplies contiguous
-  [S, H] blocks per (row, KV head); a [B, S, K, H] cache made XLA transpose the whole cache twice per layer and
-  step (~4x slower decode on CPU)."""
-  k_BKSH: jax.Array
+  """Keys and values of one layer, KV-head-major, keys transposed: k [B, K, H, S], v [B, K, S, H].
+
+  Decode attention multiplies contiguous blocks per (row, KV head), and both dots then contract a non-minor
+  dim of the cache (q [Q, H] x k [H, S], p [Q, S] x v [S, H]). Measured in decode on CPU: a [B, S, K, H] cache
+  made XLA transpose the whole cache twice per layer and step (~4x slower); keys stored [S, H] made the QK dot
+  ~2x slower than with [H, S]."""
+  k_BKHS: jax.Array
   v_BKSH: jax.Array
 
 
@@ -80,12 +83,20 @@ class RMSNorm(nnx.Module):
     return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
 
 
-def rope(x_BTnH, positions_BT, theta: float):
-  """Rotary embedding on the two halves of the head dim (the Llama/Qwen 'rotate_half' layout)."""
-  half = x_BTnH.shape[-1] // 2
+def rope_angles(positions_BT, head_dim: int, theta: float, max_len: int):
+  """(sin, cos) of the rotary angles, [B, T, 1, H/2] each, looked up in a [max_len, H/2] table. One lookup per
+  forward serves every layer's queries and keys. The table depends on no input, so XLA folds or hoists it (out of
+  the decode loop); computing sin/cos from the positions instead gets fused into each of the 2L rope consumers and
+  evaluated per head and element (on CPU those fusions were ~15 % of a decode step)."""
+  half = head_dim // 2
   freq_h = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angle_BTh = positions_BT[..., None].astype(jnp.float32) * freq_h
-  sin, cos = jnp.sin(angle_BTh)[:, :, None, :], jnp.cos(angle_BTh)[:, :, None, :]
+  angle_Sh = jnp.arange(max_len, dtype=jnp.float32)[:, None] * freq_h
+  return jnp.sin(angle_Sh)[positions_BT][:, :, None, :], jnp.cos(angle_Sh)[positions_BT][:, :, None, :]
+
+
+def rope(x_BTnH, sin_cos):
+  """Rotary embedding on the two halves of the head dim (the Llama/Qwen 'rotate_half' layout)."""
+  sin, cos = sin_cos
   x1, x2 = jnp.split(x_BTnH.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x_BTnH.dtype)
@@ -106,15 +117,15 @@ class Attention(nnx.Module):
     self.k_norm = RMSNorm(H, cfg.norm_eps, pd) if cfg.qk_norm else None
     self.cfg = cfg
 
-  def __call__(self, x_BTD, positions_BT, cache: Optional[LayerCache], prefix: Optional[SharedPrefix] = None):
+  def __call__(self, x_BTD, positions_BT, sin_cos, cache: Optional[LayerCache],
+               prefix: Optional[SharedPrefix] = None):
     cfg, dt = self.cfg, _dtype(self.cfg.dtype)
     q_BTNH = dense(x_BTD, self.q[...].astype(dt))
     k_BTKH = dense(x_BTD, self.k[...].astype(dt))
     v_BTKH = dense(x_BTD, self.v[...].astype(dt))
     if self.q_norm is not None:
       q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
-    q_BTNH = rope(q_BTNH, positions_BT, cfg.rope_theta)
-    k_BTKH = rope(k_BTKH, positions_BT, cfg.rope_theta)
+    q_BTNH, k_BTKH = rope(q_BTNH, sin_cos), rope(k_BTKH, sin_cos)
 
     key_ok_BS = None  # keys every query may see regardless of position (None: all)
     if prefix is not None:  # this call's tokens continue a read-only prefix (prompt computed once per group)
@@ -131,19 +142,27 @@ class Attention(nnx.Module):
     else:  # write this call's keys at their absolute positions, then attend over the whole cache
       B, T = positions_BT.shape
       rows_BT = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
-      keys_BKSH = cache.k_BKSH.at[rows_BT, :, positions_BT].set(k_BTKH.astype(cache.k_BKSH.dtype), mode="drop")
+      # advanced indices (rows, positions) split by slices come first: the update is [B, T, K, H]
+      keys_BKHS = cache.k_BKHS.at[rows_BT, :, :, positions_BT].set(k_BTKH.astype(cache.k_BKHS.dtype), mode="drop")
       values_BKSH = cache.v_BKSH.at[rows_BT, :, positions_BT].set(v_BTKH.astype(cache.v_BKSH.dtype), mode="drop")
-      key_pos_BS = jnp.broadcast_to(jnp.arange(keys_BKSH.shape[2])[None, :], (B, keys_BKSH.shape[2]))
-    new_cache = LayerCache(keys_BKSH, values_BKSH)
+      key_pos_BS = jnp.broadcast_to(jnp.arange(values_BKSH.shape[2])[None, :], (B, values_BKSH.shape[2]))
+    if cache is None:
+      keys_BKHS = keys_BKSH.transpose(0, 1, 3, 2)  # only the returned cache (prefill) uses it; training drops it
+    new_cache = LayerCache(keys_BKHS, values_BKSH)
 
     B, T, N, H = q_BTNH.shape
-    K, S = keys_BKSH.shape[1], keys_BKSH.shape[2]
+    K, S = values_BKSH.shape[1], values_BKSH.shape[2]
     G = N // K
     # One batch dim R = B*K (Q = G*T queries per KV head): XLA:CPU runs these dots several times faster than
     # with two batch dims (B, K), and [B, K, S, H] reshapes to [R, S, H] for free.
     q_RQH = q_BTNH.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B * K, G * T, H)
-    logits_RQS = jnp.einsum("RQH,RSH->RQS", q_RQH, keys_BKSH.reshape(B * K, S, H).astype(dt),
-                            preferred_element_type=jnp.float32) * (H ** -0.5)
+    if cache is None:  # training / prefill: keys as computed
+      logits_RQS = jnp.einsum("RQH,RSH->RQS", q_RQH, keys_BKSH.reshape(B * K, S, H).astype(dt),
+                              preferred_element_type=jnp.float32)
+    else:  # decode: the cache's transposed keys
+      logits_RQS = jnp.einsum("RQH,RHS->RQS", q_RQH, keys_BKHS.reshape(B * K, H, S).astype(dt),
+                              preferred_element_type=jnp.float32)
+    logits_RQS = logits_RQS * (H ** -0.5)
     logits_BKGTS = logits_RQS.reshape(B, K, G, T, S)
     # A query at absolute position p sees keys at positions <= p. With a cache, positions beyond a slot's
     # current length hold stale or zero keys and are excluded by the same test.
@@ -186,8 +205,8 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps, pd)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x_BTD, positions_BT, cache, prefix=None):
-    h_BTD, cache = self.attn(self.attn_norm(x_BTD), positions_BT, cache, prefix)
+  def __call__(self, x_BTD, positions_BT, sin_cos, cache, prefix=None):
+    h_BTD, cache = self.attn(self.attn_norm(x_BTD), positions_BT, sin_cos, cache, prefix)
     x_BTD = x_BTD + h_BTD
     return x_BTD + self.mlp(self.mlp_norm(x_BTD)), cache
 
@@ -210,9 +229,10 @@ class Transformer(nnx.Module):
     """Hidden states and per-layer KV. `cache`: decode into it; `prefix`: attend to a read-only prefix per layer
     as well as causally to this call's tokens; neither: causal self-attention over this call's tokens."""
     x_BTD = self.embed[...].astype(_dtype(self.cfg.dtype))[tokens_BT]
+    sin_cos = rope_angles(positions_BT, self.cfg.head_dim, self.cfg.rope_theta, self.cfg.max_seq_len)
     new_cache = []
     for i, block in enumerate(self.blocks):
-      x_BTD, layer_cache = block(x_BTD, positions_BT, None if cache is None else cache[i],
+      x_BTD, layer_cache = block(x_BTD, positions_BT, sin_cos, None if cache is None else cache[i],
                                  None if prefix is None else prefix[i])
       new_cache.append(layer_cache)
     return self.final_norm(x_BTD), new_cache

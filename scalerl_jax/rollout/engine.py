@@ -37,7 +37,7 @@ from typing import Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from scalerl_jax import mesh as mesh_lib
 from scalerl_jax.config import RolloutConfig
@@ -51,7 +51,7 @@ from scalerl_jax.rollout.sampling import SamplingParams
 @dataclasses.dataclass(frozen=True)
 class Prefix:
   """Prefilled prompts: KV of every bucket position (positions >= length are overwritten before being read)."""
-  cache: list  # list[LayerCache], k/v [P, K, Lb, H]
+  cache: list  # list[LayerCache], k [P, K, H, Lb], v [P, K, Lb, H]
   tokens_PL: jax.Array  # int32 padded prompt tokens
   lengths_P: jax.Array  # int32 true lengths
 
@@ -60,7 +60,7 @@ class Prefix:
 @dataclasses.dataclass(frozen=True)
 class DecodeState:
   """Everything the decode loop carries, one row per slot."""
-  cache: list  # list[LayerCache], k/v [B, K, S, H]
+  cache: list  # list[LayerCache], k [B, K, H, S], v [B, K, S, H]
   token_B: jax.Array  # int32 next input token
   pos_B: jax.Array  # int32 its absolute position
   n_gen_B: jax.Array  # int32 tokens emitted so far (forced included)
@@ -127,18 +127,24 @@ class Engine:
     B, S, mc = cfg.max_slots, self.cache_len, policy.cfg
     self.param_shardings = mesh_lib.logical_to_sharding(policy.logical_axes, policy.param_shapes, mesh, rules)
     spec = lambda axes, shape: NamedSharding(mesh, mesh_lib.logical_to_spec(axes, shape, mesh, rules))
-    kv = spec(("batch", "kv_heads", None, "head_dim"), (B, mc.num_kv_heads, S, mc.head_dim))
+    layer_cache = LayerCache(spec(("batch", "kv_heads", "head_dim", None), (B, mc.num_kv_heads, mc.head_dim, S)),
+                             spec(("batch", "kv_heads", None, "head_dim"), (B, mc.num_kv_heads, S, mc.head_dim)))
     row = spec(("batch",), (B,))
     abstract = jax.eval_shape(self._empty_state)
-    self.state_shardings = jax.tree.map(lambda x: kv if x.ndim == 4 else row if x.ndim == 1 else
-                                        spec(("batch", None), x.shape), abstract)
+    self.state_shardings = dataclasses.replace(
+        jax.tree.map(lambda x: row if x.ndim == 1 else spec(("batch", None), x.shape), abstract),
+        cache=[layer_cache] * mc.num_layers)
 
     self._init_state = jax.jit(self._empty_state, out_shardings=self.state_shardings)
     self._init_params = jax.jit(policy.init, out_shardings=self.param_shardings)
     self._prefill = jax.jit(self._prefill_impl)
-    self._insert = jax.jit(self._insert_impl, donate_argnums=(0,))
+    self._insert = jax.jit(self._insert_sharded, donate_argnums=(0,))
     self._prefill_insert = jax.jit(self._prefill_insert_impl, donate_argnums=(1,))
-    self._generate = jax.jit(self._generate_impl, static_argnames=("steps", "sampling"), donate_argnums=(1,))
+    self._generate = jax.jit(self._generate_sharded, static_argnames=("steps", "sampling"), donate_argnums=(1,))
+    # Decode slots sharded over the mesh's "data" axis are independent, so insert and generate run per shard
+    # (`_over_slots`): no collectives, no step waits on a cross-device "any slot still active?", and a shard
+    # stops as soon as its own slots finish. Other mesh axes (tensor) stay under automatic partitioning.
+    self.data_shards = mesh.shape.get("data", 1) if self.state_shardings.token_B.spec[:1] == ("data",) else 1
 
   # ---- JetStream-style properties -------------------------------------------------------------------------
   @property
@@ -179,17 +185,36 @@ class Engine:
   def _constrain(self, state: DecodeState) -> DecodeState:
     return jax.lax.with_sharding_constraint(state, self.state_shardings)
 
+  def _over_slots(self, fn, state: DecodeState, *replicated, out_rows=1):
+    """`fn(state, *replicated)` on each data shard of the slots (shard_map), or whole when the slots are not
+    sharded; `fn` returns a state, or a tuple of `out_rows` row-sharded trees (the state first)."""
+    if self.data_shards > 1:
+      rows = jax.tree.map(lambda _: P("data"), state)
+      out = rows if out_rows == 1 else (rows,) + (P("data"),) * (out_rows - 1)
+      fn = jax.shard_map(fn, mesh=self.mesh, in_specs=(rows,) + (P(),) * len(replicated), out_specs=out,
+                         axis_names={"data"}, check_vma=False)
+    out = fn(state, *replicated)
+    return self._constrain(out) if out_rows == 1 else (self._constrain(out[0]),) + tuple(out[1:])
+
   # ---- prefill / insert ------------------------------------------------------------------------------------
   def _prefill_impl(self, params, tokens_PL, lengths_P) -> Prefix:
     _, cache = self.policy.forward(params, tokens_PL)
     return Prefix(cache=cache, tokens_PL=tokens_PL, lengths_P=lengths_P)
 
+  def _insert_sharded(self, state, prefix, rows_M, slots_M, uids_M, samples_M, base_key) -> DecodeState:
+    return self._over_slots(self._insert_impl, state, prefix, rows_M, slots_M, uids_M, samples_M, base_key)
+
   def _insert_impl(self, state: DecodeState, prefix: Prefix, rows_M, slots_M, uids_M, samples_M,
                    base_key) -> DecodeState:
-    """Scatter prefix rows into slots; slot index >= B marks a padding entry (dropped)."""
+    """Scatter prefix rows into this shard's slots (global slot indices; padding entries use an index >= the
+    total slot count, and every entry outside this shard's range is dropped)."""
+    if self.data_shards > 1:
+      B, first = state.token_B.shape[0], jax.lax.axis_index("data") * state.token_B.shape[0]
+      slots_M = jnp.where((slots_M >= first) & (slots_M < first + B), slots_M - first, B)
     Lb = prefix.tokens_PL.shape[1]
-    put_kv = lambda c, p: c.at[slots_M, :, :Lb].set(p[rows_M].astype(c.dtype), mode="drop")
-    cache = [LayerCache(put_kv(c.k_BKSH, p.k_BKSH), put_kv(c.v_BKSH, p.v_BKSH))
+    put_k = lambda c, p: c.at[slots_M, :, :, :Lb].set(p[rows_M].astype(c.dtype), mode="drop")
+    put_v = lambda c, p: c.at[slots_M, :, :Lb].set(p[rows_M].astype(c.dtype), mode="drop")
+    cache = [LayerCache(put_k(c.k_BKHS, p.k_BKHS), put_v(c.v_BKSH, p.v_BKSH))
              for c, p in zip(state.cache, prefix.cache)]
     len_M = prefix.lengths_P[rows_M]
     keys_M = jax.vmap(lambda u, s: jax.random.fold_in(jax.random.fold_in(base_key, u), s))(uids_M, samples_M)
@@ -210,11 +235,15 @@ class Engine:
         think_done_B=put(state.think_done_B, False), interrupted_B=put(state.interrupted_B, False),
         answer_left_B=put(state.answer_left_B, 0), truncated_B=put(state.truncated_B, False),
         recent_BM=put(state.recent_BM, jnp.full((M, state.recent_BM.shape[1]), -1, jnp.int32)))
-    return self._constrain(state)
+    return state
 
   def _prefill_insert_impl(self, params, state, tokens_PL, lengths_P, rows_M, slots_M, uids_M, samples_M, base_key):
-    return self._insert_impl(state, self._prefill_impl(params, tokens_PL, lengths_P), rows_M, slots_M, uids_M,
-                             samples_M, base_key)
+    """Each data shard prefills every prompt of the call itself (prompts are few and short next to decode) and
+    keeps the KV its own slots need: no collective moves the prefix."""
+    def local(state, params, tokens_PL, lengths_P, *insert_args):
+      return self._insert_impl(state, self._prefill_impl(params, tokens_PL, lengths_P), *insert_args)
+    return self._over_slots(local, state, params, tokens_PL, lengths_P, rows_M, slots_M, uids_M, samples_M,
+                            base_key)
 
   def _pad_prompts(self, prompts: Sequence[np.ndarray]):
     """Host-side padding: length to the largest prompt's bucket, count to a power of four (bounded recompiles)."""
@@ -266,8 +295,13 @@ class Engine:
     return self._generate(params, state, np.int32(version), steps=steps or self.cfg.decode_chunk,
                           sampling=sampling or self.default_sampling)
 
+  def _generate_sharded(self, params, state: DecodeState, version, *, steps: int, sampling: SamplingParams):
+    loop = lambda state, params, version: self._generate_impl(params, state, version, steps=steps, sampling=sampling)
+    return self._over_slots(loop, state, params, version, out_rows=2)
+
   def _generate_impl(self, params, state: DecodeState, version, *, steps: int, sampling: SamplingParams):
-    B, N = self.cfg.max_slots, steps
+    """The decode loop over this shard's slots (all slots on a mesh without a sharded data axis)."""
+    B, N = state.token_B.shape[0], steps
     out = (jnp.zeros((B, N), jnp.int32), jnp.zeros((B, N), jnp.float32), jnp.full((B, N), -1, jnp.int32),
            jnp.zeros((B, N), bool), jnp.zeros((B, N), bool))
 
@@ -285,7 +319,6 @@ class Engine:
       return i + 1, st, out
 
     _, final, out = jax.lax.while_loop(cond, body, (jnp.int32(0), state, out))
-    final = self._constrain(final)
     results = StepResults(*out, done_B=state.active_B & ~final.active_B, truncated_B=final.truncated_B,
                           interrupted_B=final.interrupted_B, n_gen_B=final.n_gen_B)
     return final, results
