@@ -188,7 +188,7 @@ def test_data_sharded_slots_decode_per_shard_without_collectives(engine, params)
   state = sharded.init_decode_state()
   for fn, args, kw in ((sharded._generate, (params_s, state, np.int32(0)), dict(steps=4, sampling=SAMPLED)),
                        (sharded._prefill_insert, (params_s, state) + sharded._pad_prompts(PROMPTS)
-                        + sharded._pad_inserts([0], [0], [0], [0]) + (jax.random.key(0),), {})):
+                        + (sharded._pad_inserts([0], [0], [0], [0]), jax.random.key(0)), {})):
     hlo = fn.lower(*args, **kw).compile().as_text()
     assert not [op for op in ("all-reduce", "all-gather", "all-to-all", "collective-permute") if op in hlo]
   # 2 prompts x 2 samples fill slots 0-3 (shards 0 and 1); shards 2 and 3 stay idle

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import jax
@@ -70,6 +71,12 @@ class _Group:
     self.min_version = np.iinfo(np.int32).max  # over the tokens of its finished samples
 
 
+@functools.lru_cache(maxsize=64)
+def _seed_key(seed: int) -> jax.Array:
+  """The base key of a seed (one device computation; evaluation builds a driver per `generate_all` call)."""
+  return jax.random.key(seed)
+
+
 class RolloutDriver:
   """Keeps every decode slot busy; see the module docstring."""
 
@@ -83,7 +90,7 @@ class RolloutDriver:
     self.stats = RolloutStats()
     self.last_eval_stats = RolloutStats()  # of the latest generate_all
     self.seed = seed
-    self._base_key = jax.random.key(seed)
+    self._base_key = _seed_key(seed)
     self._state = None  # DecodeState, allocated on first use
     self._eval_state = None  # generate_all's own DecodeState, kept between calls (all slots idle)
     B, T = engine.max_concurrent_decodes, engine.cfg.max_new_tokens
@@ -245,13 +252,14 @@ class RolloutDriver:
       self._slot_uid[slot], self._slot_sample[slot], self._len_B[slot] = group.uid, i, 0
 
   def _collect(self, res) -> list[RolloutGroup]:
-    rows, cols = np.nonzero(res.valid_BN)
+    valid_BN = res.valid_BN
+    rows, cols = np.nonzero(valid_BN)
     dst = self._len_B[rows] + cols
     self._tok_BT[rows, dst] = res.tokens_BN[rows, cols]
     self._logp_BT[rows, dst] = res.logprobs_BN[rows, cols]
     self._ver_BT[rows, dst] = res.versions_BN[rows, cols]
     self._forced_BT[rows, dst] = res.forced_BN[rows, cols]
-    self._len_B += res.valid_BN.sum(axis=1)
+    self._len_B += valid_BN.sum(axis=1)
     done = np.flatnonzero(res.done_B)
     if not done.size:
       return []
@@ -267,13 +275,14 @@ class RolloutDriver:
     s.interrupted += int(res.interrupted_B[done].sum())
     s.truncated += int(res.truncated_B[done].sum())
     finished = []
-    for slot, n, v in zip(done.tolist(), lens.tolist(), min_ver.tolist()):
+    # one copy per array for all finished slots; each sample holds row slices of these copies
+    tok, logp, forced = self._tok_BT[done], self._logp_BT[done], self._forced_BT[done]
+    truncated, interrupted = res.truncated_B[done].tolist(), res.interrupted_B[done].tolist()
+    for j, (slot, n, v) in enumerate(zip(done.tolist(), lens.tolist(), min_ver.tolist())):
       group = self._groups[int(self._slot_uid[slot])]
       group.samples[int(self._slot_sample[slot])] = types.Sample(
-          prompt_id=group.prompt.prompt_id, prompt_tokens=group.tokens, tokens=self._tok_BT[slot, :n].copy(),
-          logprobs=self._logp_BT[slot, :n].copy(), versions=self._ver_BT[slot, :n].copy(),
-          forced=self._forced_BT[slot, :n].copy(), truncated=bool(res.truncated_B[slot]),
-          interrupted=bool(res.interrupted_B[slot]))
+          prompt_id=group.prompt.prompt_id, prompt_tokens=group.tokens, tokens=tok[j, :n], logprobs=logp[j, :n],
+          versions=vers[j, :n], forced=forced[j, :n], truncated=truncated[j], interrupted=interrupted[j])
       group.min_version = min(group.min_version, v)
       group.unfinished -= 1
       if group.unfinished == 0:

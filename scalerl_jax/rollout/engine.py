@@ -78,17 +78,25 @@ class DecodeState:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class StepResults:
-  """Output of one `generate` call. Column j holds the token a slot emitted at the j-th step of the call; the
-  valid columns of a slot are a prefix (a slot only stops, it never starts, inside a call)."""
-  tokens_BN: jax.Array  # int32
+  """Output of one `generate` call. Column j holds what a slot emitted at the j-th step of the call; the valid
+  columns of a slot are a prefix (a slot only stops, it never starts, inside a call).
+
+  Stored as three arrays, so fetching a call's results is three device-to-host copies (per shard), not nine;
+  read it through the properties, which work on device arrays and on the numpy copy from `jax.device_get`."""
+  ints_BN3: jax.Array  # int32 [token, version (-1 for forced tokens), flags: VALID | FORCED]
   logprobs_BN: jax.Array  # float32, 0 for forced tokens
-  versions_BN: jax.Array  # int32, -1 for forced tokens
-  forced_BN: jax.Array  # bool
-  valid_BN: jax.Array  # bool: the slot emitted a token at this step
-  done_B: jax.Array  # bool: the slot finished during this call
-  truncated_B: jax.Array  # bool
-  interrupted_B: jax.Array  # bool
-  n_gen_B: jax.Array  # int32 tokens emitted so far
+  rows_B4: jax.Array  # int32 [finished during this call, truncated, interrupted, tokens emitted so far]
+
+  VALID, FORCED = 1, 2  # flag bits
+
+  tokens_BN = property(lambda self: self.ints_BN3[..., 0])
+  versions_BN = property(lambda self: self.ints_BN3[..., 1])
+  valid_BN = property(lambda self: (self.ints_BN3[..., 2] & self.VALID) != 0)  # the slot emitted a token
+  forced_BN = property(lambda self: (self.ints_BN3[..., 2] & self.FORCED) != 0)
+  done_B = property(lambda self: self.rows_B4[:, 0] != 0)  # the slot finished during this call
+  truncated_B = property(lambda self: self.rows_B4[:, 1] != 0)
+  interrupted_B = property(lambda self: self.rows_B4[:, 2] != 0)
+  n_gen_B = property(lambda self: self.rows_B4[:, 3])  # tokens emitted so far (forced included)
 
 
 def _pow4(n: int, lo: int = 1) -> int:
@@ -123,6 +131,7 @@ class Engine:
     if self.cache_len < cfg.max_prefill_len + cfg.max_new_tokens:
       raise ValueError(f"cache_len={self.cache_len} cannot hold max_prefill_len + max_new_tokens")
     self.default_sampling = SamplingParams.from_config(cfg)
+    self._version = (None, None)  # (version, its int32 scalar on the mesh)
 
     B, S, mc = cfg.max_slots, self.cache_len, policy.cfg
     self.param_shardings = mesh_lib.logical_to_sharding(policy.logical_axes, policy.param_shapes, mesh, rules)
@@ -201,13 +210,13 @@ class Engine:
     _, cache = self.policy.forward(params, tokens_PL)
     return Prefix(cache=cache, tokens_PL=tokens_PL, lengths_P=lengths_P)
 
-  def _insert_sharded(self, state, prefix, rows_M, slots_M, uids_M, samples_M, base_key) -> DecodeState:
-    return self._over_slots(self._insert_impl, state, prefix, rows_M, slots_M, uids_M, samples_M, base_key)
+  def _insert_sharded(self, state, prefix, plan_4M, base_key) -> DecodeState:
+    return self._over_slots(self._insert_impl, state, prefix, plan_4M, base_key)
 
-  def _insert_impl(self, state: DecodeState, prefix: Prefix, rows_M, slots_M, uids_M, samples_M,
-                   base_key) -> DecodeState:
-    """Scatter prefix rows into this shard's slots (global slot indices; padding entries use an index >= the
-    total slot count, and every entry outside this shard's range is dropped)."""
+  def _insert_impl(self, state: DecodeState, prefix: Prefix, plan_4M, base_key) -> DecodeState:
+    """Scatter prefix rows into this shard's slots. `plan_4M` rows: prefix row, global slot (padding entries use
+    an index >= the total slot count; every entry outside this shard's range is dropped), prompt uid, sample."""
+    rows_M, slots_M, uids_M, samples_M = plan_4M
     if self.data_shards > 1:
       B, first = state.token_B.shape[0], jax.lax.axis_index("data") * state.token_B.shape[0]
       slots_M = jnp.where((slots_M >= first) & (slots_M < first + B), slots_M - first, B)
@@ -237,13 +246,12 @@ class Engine:
         recent_BM=put(state.recent_BM, jnp.full((M, state.recent_BM.shape[1]), -1, jnp.int32)))
     return state
 
-  def _prefill_insert_impl(self, params, state, tokens_PL, lengths_P, rows_M, slots_M, uids_M, samples_M, base_key):
+  def _prefill_insert_impl(self, params, state, tokens_PL, lengths_P, plan_4M, base_key):
     """Each data shard prefills every prompt of the call itself (prompts are few and short next to decode) and
     keeps the KV its own slots need: no collective moves the prefix."""
     def local(state, params, tokens_PL, lengths_P, *insert_args):
       return self._insert_impl(state, self._prefill_impl(params, tokens_PL, lengths_P), *insert_args)
-    return self._over_slots(local, state, params, tokens_PL, lengths_P, rows_M, slots_M, uids_M, samples_M,
-                            base_key)
+    return self._over_slots(local, state, params, tokens_PL, lengths_P, plan_4M, base_key)
 
   def _pad_prompts(self, prompts: Sequence[np.ndarray]):
     """Host-side padding: length to the largest prompt's bucket, count to a power of four (bounded recompiles)."""
@@ -256,9 +264,14 @@ class Engine:
     return tokens_PL, lengths_P
 
   def _pad_inserts(self, rows, slots, uids, samples):
+    """The insert plan as one int32 [4, M] array (one host-to-device copy): rows, slots, uids, samples, padded
+    to a power of four with entries aimed at slot index max_slots (dropped)."""
     M = min(_pow4(len(slots), 8), self.cfg.max_slots)
-    pad = lambda x, fill: np.concatenate([np.asarray(x, np.int32), np.full(M - len(x), fill, np.int32)])
-    return pad(rows, 0), pad(slots, self.cfg.max_slots), pad(uids, 0), pad(samples, 0)
+    plan_4M = np.zeros((4, M), np.int32)
+    plan_4M[1] = self.cfg.max_slots
+    for i, x in enumerate((rows, slots, uids, samples)):
+      plan_4M[i, :len(slots)] = np.asarray(x, np.int32)
+    return plan_4M
 
   def prefill(self, params: Params, tokens, true_length: Optional[int] = None) -> Prefix:
     """One prompt (JetStream form). `tokens` may already be padded; `true_length` counts its real tokens."""
@@ -277,22 +290,23 @@ class Engine:
   def insert_batch(self, prefix: Prefix, state: DecodeState, slots, rows, uids, samples,
                    base_key: Optional[jax.Array] = None) -> DecodeState:
     base_key = jax.random.key(0) if base_key is None else base_key
-    rows, slots, uids, samples = self._pad_inserts(rows, slots, uids, samples)
-    return self._insert(state, prefix, rows, slots, uids, samples, base_key)
+    return self._insert(state, prefix, self._pad_inserts(rows, slots, uids, samples), base_key)
 
   def prefill_insert(self, params: Params, state: DecodeState, prompts: Sequence[np.ndarray], rows, slots, uids,
                      samples, base_key: jax.Array) -> DecodeState:
     """Fused prefill_batch + insert_batch (one dispatch): sample m goes to slots[m] from prompts[rows[m]]."""
     tokens_PL, lengths_P = self._pad_prompts(prompts)
-    rows, slots, uids, samples = self._pad_inserts(rows, slots, uids, samples)
-    return self._prefill_insert(params, state, tokens_PL, lengths_P, rows, slots, uids, samples, base_key)
+    return self._prefill_insert(params, state, tokens_PL, lengths_P, self._pad_inserts(rows, slots, uids, samples),
+                                base_key)
 
   # ---- generate --------------------------------------------------------------------------------------------
   def generate(self, params: Params, state: DecodeState, version: int = 0, steps: Optional[int] = None,
                sampling: Optional[SamplingParams] = None) -> tuple[DecodeState, StepResults]:
     """Up to `steps` decode steps over all slots in one jitted loop (stops early once no slot is active).
     `version` is traced: a new version or new params (same layout) never recompile. `state` is donated."""
-    return self._generate(params, state, np.int32(version), steps=steps or self.cfg.decode_chunk,
+    if self._version[0] != version:  # keep the latest version on device: one host-to-device copy per update
+      self._version = (version, jax.device_put(np.int32(version), NamedSharding(self.mesh, P())))
+    return self._generate(params, state, self._version[1], steps=steps or self.cfg.decode_chunk,
                           sampling=sampling or self.default_sampling)
 
   def _generate_sharded(self, params, state: DecodeState, version, *, steps: int, sampling: SamplingParams):
@@ -302,8 +316,7 @@ class Engine:
   def _generate_impl(self, params, state: DecodeState, version, *, steps: int, sampling: SamplingParams):
     """The decode loop over this shard's slots (all slots on a mesh without a sharded data axis)."""
     B, N = state.token_B.shape[0], steps
-    out = (jnp.zeros((B, N), jnp.int32), jnp.zeros((B, N), jnp.float32), jnp.full((B, N), -1, jnp.int32),
-           jnp.zeros((B, N), bool), jnp.zeros((B, N), bool))
+    out = (jnp.zeros((B, N, 3), jnp.int32).at[:, :, 1].set(-1), jnp.zeros((B, N), jnp.float32))
 
     def cond(carry):
       i, st, _ = carry
@@ -319,9 +332,9 @@ class Engine:
       return i + 1, st, out
 
     _, final, out = jax.lax.while_loop(cond, body, (jnp.int32(0), state, out))
-    results = StepResults(*out, done_B=state.active_B & ~final.active_B, truncated_B=final.truncated_B,
-                          interrupted_B=final.interrupted_B, n_gen_B=final.n_gen_B)
-    return final, results
+    rows_B4 = jnp.stack([state.active_B & ~final.active_B, final.truncated_B, final.interrupted_B],
+                        axis=1).astype(jnp.int32)
+    return final, StepResults(*out, rows_B4=jnp.concatenate([rows_B4, final.n_gen_B[:, None]], axis=1))
 
   def _decode_step(self, params, st: DecodeState, version, sp: SamplingParams, u_B2):
     cfg, it = self.cfg, self.cfg.interruption
@@ -360,5 +373,6 @@ class Engine:
         active_B=act & ~stop & ~trunc, key_B=st.key_B, budget_B=st.budget_B, force_B=force_B,
         think_done_B=think_done, interrupted_B=interrupted, answer_left_B=answer_left,
         truncated_B=st.truncated_B | trunc, recent_BM=recent)
-    cols = (tok, jnp.where(forcing, 0.0, logp_B), jnp.where(forcing, -1, version), forcing, act)
+    flags = act * StepResults.VALID + forcing * StepResults.FORCED
+    cols = (jnp.stack([tok, jnp.where(forcing, -1, version), flags], axis=1), jnp.where(forcing, 0.0, logp_B))
     return new, cols
