@@ -87,7 +87,8 @@ def rope_angles(positions_BT, head_dim: int, theta: float, max_len: int):
   """(sin, cos) of the rotary angles, [B, T, 1, H/2] each, looked up in a [max_len, H/2] table. One lookup per
   forward serves every layer's queries and keys. The table depends on no input, so XLA folds or hoists it (out of
   the decode loop); computing sin/cos from the positions instead gets fused into each of the 2L rope consumers and
-  evaluated per head and element (on CPU those fusions were ~15 % of a decode step)."""
+  evaluated per head and element (on CPU those fusions were ~15 % of a decode step). Positions must be < max_len
+  (model.max_seq_len; config validation keeps prompt + new tokens within it)."""
   half = head_dim // 2
   freq_h = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
   angle_Sh = jnp.arange(max_len, dtype=jnp.float32)[:, None] * freq_h

@@ -6,6 +6,9 @@
     generate(params, state, version, steps=N) -> (state, StepResults)
                                                             N decode steps over all slots in ONE jitted loop
 
+Decode slots sharded over the mesh's "data" axis run insert and the decode loop per shard (shard_map, no
+collectives); other mesh axes stay under automatic partitioning.
+
 Params are an explicit argument of every call, in the rollout layout on the engine's mesh (`put_params`), so an
 in-flight weight update is passing a new pytree with the same shapes and shardings between two `generate` calls:
 no recompilation, no drain, and the KV of earlier tokens (computed by the old params) stays (PipelineRL).
@@ -304,9 +307,10 @@ class Engine:
                sampling: Optional[SamplingParams] = None) -> tuple[DecodeState, StepResults]:
     """Up to `steps` decode steps over all slots in one jitted loop (stops early once no slot is active).
     `version` is traced: a new version or new params (same layout) never recompile. `state` is donated."""
-    if self._version[0] != version:  # keep the latest version on device: one host-to-device copy per update
-      self._version = (version, jax.device_put(np.int32(version), NamedSharding(self.mesh, P())))
-    return self._generate(params, state, self._version[1], steps=steps or self.cfg.decode_chunk,
+    cached = self._version  # the latest version on device: one host-to-device copy per update (a local, so
+    if cached[0] != version:  # threads generating at different versions each pass their own)
+      cached = self._version = (version, jax.device_put(np.int32(version), NamedSharding(self.mesh, P())))
+    return self._generate(params, state, cached[1], steps=steps or self.cfg.decode_chunk,
                           sampling=sampling or self.default_sampling)
 
   def _generate_sharded(self, params, state: DecodeState, version, *, steps: int, sampling: SamplingParams):
