@@ -221,7 +221,8 @@ class Engine:
     an index >= the total slot count; every entry outside this shard's range is dropped), prompt uid, sample."""
     rows_M, slots_M, uids_M, samples_M = plan_4M
     if self.data_shards > 1:
-      B, first = state.token_B.shape[0], jax.lax.axis_index("data") * state.token_B.shape[0]
+      B = state.token_B.shape[0]
+      first = jax.lax.axis_index("data") * B
       slots_M = jnp.where((slots_M >= first) & (slots_M < first + B), slots_M - first, B)
     Lb = prefix.tokens_PL.shape[1]
     put_k = lambda c, p: c.at[slots_M, :, :, :Lb].set(p[rows_M].astype(c.dtype), mode="drop")
