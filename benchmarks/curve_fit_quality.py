@@ -18,17 +18,15 @@ Writes benchmarks/results/curve_fit_quality.json (with date, machine and command
 import argparse
 import os
 import pathlib
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from scalerl_jax.scaling import bayes, fit, synthetic
+from scalerl_jax.scaling.curves import SigmoidParams
+from scalerl_jax.scaling.points import split
 
-from benchmarks.record import save_result  # noqa: E402
-from scalerl_jax.scaling import bayes, fit, synthetic  # noqa: E402
-from scalerl_jax.scaling.curves import SigmoidParams  # noqa: E402
-from scalerl_jax.scaling.points import split  # noqa: E402
+from record import save_result  # benchmarks/record.py (this script's folder is on sys.path)
 
 FITTERS = ("paper", "free", "power_law", "nuts_binomial", "nuts_gaussian")
 

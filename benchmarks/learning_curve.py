@@ -17,10 +17,9 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from record import save_result  # benchmarks/record.py (this script's folder is on sys.path)
 
-from benchmarks.record import save_result  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def run_seed(seed: int, steps, extra, workdir: pathlib.Path) -> dict:

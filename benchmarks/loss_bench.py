@@ -14,18 +14,17 @@ import argparse
 import os
 import pathlib
 import statistics
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from benchmarks.record import save_result  # noqa: E402
-from scalerl_jax import rl  # noqa: E402
-from scalerl_jax.config import CHOICES, LossConfig  # noqa: E402
-from scalerl_jax.types import TrainBatch  # noqa: E402
+from scalerl_jax import rl
+from scalerl_jax.config import CHOICES, LossConfig
+from scalerl_jax.types import TrainBatch
+
+from record import save_result  # benchmarks/record.py (this script's folder is on sys.path)
 
 
 def make_inputs(P: int, G: int, T: int, seed: int = 0):

@@ -19,10 +19,8 @@ import argparse
 import functools
 import os
 import pathlib
-import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 # One XLA CPU device per core (before jax is imported), so a generator mesh can put one data shard of the decode
 # slots on each core: XLA:CPU runs the small ops of a decode step on one thread, so one device uses one core.
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -33,13 +31,14 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.record import save_result  # noqa: E402
 from scalerl_jax import mesh as mesh_lib, types  # noqa: E402
 from scalerl_jax.config import InterruptionConfig, ModelConfig, RolloutConfig  # noqa: E402
 from scalerl_jax.model.policy import Policy, param_count  # noqa: E402
 from scalerl_jax.rollout.driver import RolloutDriver  # noqa: E402
 from scalerl_jax.rollout.engine import Engine  # noqa: E402
 from scalerl_jax.rollout.sampling import SamplingParams  # noqa: E402
+
+from record import save_result  # noqa: E402  benchmarks/record.py (this script's folder is on sys.path)
 
 TINY = ModelConfig(vocab_size=300, hidden=64, intermediate=128, num_layers=2, num_heads=4, num_kv_heads=2,
                    head_dim=32, rope_theta=1e6, qk_norm=True, tie_embeddings=True, max_seq_len=64)

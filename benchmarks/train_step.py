@@ -14,18 +14,18 @@ from __future__ import annotations
 import argparse
 import pathlib
 import statistics
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scalerl_jax.config import load_config
+from scalerl_jax.model import Policy, completion_logprobs, token_logprobs
+
+from record import save_result  # benchmarks/record.py (this script's folder is on sys.path)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-from benchmarks.record import save_result  # noqa: E402
-from scalerl_jax.config import load_config  # noqa: E402
-from scalerl_jax.model import Policy, completion_logprobs, token_logprobs  # noqa: E402
 
 
 def median_seconds(fn, repeats: int) -> float:

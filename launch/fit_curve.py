@@ -13,9 +13,7 @@ import json
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from scalerl_jax import scaling  # noqa: E402
+from scalerl_jax import scaling
 
 
 def parse_args(argv=None):

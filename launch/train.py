@@ -11,9 +11,7 @@ import os
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-
-from scalerl_jax.config import CONFIG_GROUPS, ConfigError, load_config  # noqa: E402
+from scalerl_jax.config import CONFIG_GROUPS, ConfigError, load_config
 
 DEFAULT = pathlib.Path(__file__).resolve().parent.parent / "configs" / "cpu_default.yaml"
 

@@ -25,13 +25,7 @@ The runs are synthetic, with known curves (paper Table 1), written in the traine
 truth is known and the notebook runs in well under two minutes on a CPU."""),
     ("code", """import dataclasses
 import pathlib
-import sys
 import tempfile
-
-root = pathlib.Path.cwd().resolve()
-while not (root / "scalerl_jax").is_dir() and root != root.parent:  # run from the repo or from notebooks/
-  root = root.parent
-sys.path.insert(0, str(root))
 
 import matplotlib.pyplot as plt
 import numpy as np
