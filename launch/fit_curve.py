@@ -14,6 +14,7 @@ import pathlib
 import sys
 
 from scalerl_jax import scaling
+from scalerl_jax.logs import setup_logging
 
 
 def parse_args(argv=None):
@@ -27,11 +28,13 @@ def parse_args(argv=None):
   p.add_argument("--samples", type=int, default=1000, help="NUTS samples (half as many warmup steps)")
   p.add_argument("--json", metavar="OUT", help="write the fits as JSON")
   p.add_argument("--plot", metavar="OUT.png", help="save the fit (one input) or comparison (several) plot")
+  p.add_argument("--verbose", action="store_true", help="also show the libraries' INFO logs (jax, numpyro, ...)")
   return p, p.parse_args(argv)
 
 
 def main(argv=None) -> int:
   parser, args = parse_args(argv)
+  setup_logging(args.verbose)
   try:
     runs = [scaling.analyse(scaling.load_points(path, x=args.x), fit_upto=args.fit_upto, c_min=args.c_min,
                             method=args.method, bayes=args.bayes, num_warmup=args.samples // 2,

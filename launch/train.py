@@ -6,12 +6,11 @@ scaling-curve fit at the end.
 """
 
 import argparse
-import logging
-import os
 import pathlib
 import sys
 
 from scalerl_jax.config import CONFIG_GROUPS, ConfigError, load_config
+from scalerl_jax.logs import setup_logging
 
 DEFAULT = pathlib.Path(__file__).resolve().parent.parent / "configs" / "cpu_default.yaml"
 
@@ -25,6 +24,7 @@ def main(argv=None) -> int:
   parser.add_argument("--mesh", help="trainer mesh, e.g. data=1,fsdp=4,tensor=2,expert=1 (one axis may be -1)")
   parser.add_argument("--generator-mesh", help="generator mesh over mesh.generator_devices, e.g. data=-1,tensor=1")
   parser.add_argument("--sync", action="store_true", help="run the synchronous reference loop instead")
+  parser.add_argument("--verbose", action="store_true", help="also show the libraries' INFO logs (jax, orbax, ...)")
   parser.add_argument("overrides", nargs="*", metavar="key=value")
   args = parser.parse_args(argv)
   overrides = list(args.overrides)
@@ -36,9 +36,7 @@ def main(argv=None) -> int:
     cfg = load_config(args.config, overrides)
   except ConfigError as exc:
     parser.error(str(exc))
-  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-  logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every checkpoint step at INFO
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  setup_logging(args.verbose)
 
   from scalerl_jax.data.sources import DataError  # after argument checks: importing jax takes a while
   from scalerl_jax.mesh import MeshError
