@@ -246,3 +246,34 @@ def test_fit_run_summary_is_json_ready(tmp_path):
   assert e["c_last"] == 16000.0 and abs(e["predicted"] - SCALERL(16000.0)) <= 0.02
   assert e["band"][0] < e["predicted"] < e["band"][1]
   assert "A=" in scaling.format_report(s) and "measured" in scaling.format_report(s)
+
+
+def test_scaling_modules_do_not_import_each_other_in_a_cycle():
+  """Layers, lazy imports included: points -> io / fit / bayes -> analysis -> compare -> plots -> end_of_run."""
+  import ast
+  import pathlib
+  folder = pathlib.Path(scaling.__file__).parent
+  modules = {p.stem for p in folder.glob("*.py")} - {"__init__"}
+  deps = {}
+  for name in modules:
+    found = set()
+    for node in ast.walk(ast.parse((folder / f"{name}.py").read_text())):
+      if isinstance(node, ast.ImportFrom) and node.module == "scalerl_jax.scaling":
+        found |= {a.name for a in node.names}
+      elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("scalerl_jax.scaling."):
+        found.add(node.module.split(".")[2])
+      elif isinstance(node, ast.Import):
+        found |= {a.name.split(".")[2] for a in node.names if a.name.startswith("scalerl_jax.scaling.")}
+    deps[name] = found & modules
+
+  def reachable(start):
+    seen, todo = set(), list(deps[start])
+    while todo:
+      m = todo.pop()
+      if m not in seen:
+        seen.add(m)
+        todo.extend(deps[m])
+    return seen
+
+  assert deps["end_of_run"] >= {"analysis"} and "plots" in deps["end_of_run"]
+  assert [m for m in sorted(modules) if m in reachable(m)] == []

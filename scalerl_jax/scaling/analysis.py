@@ -7,20 +7,20 @@
               └─ NUTS (optional) ──► quantiles of A, B, C_mid; band of R(C_last)
     summary: predicted reward at C_last vs the measured one; whether the band covers it.
 
-`fit_run` is the one call the trainer makes at the end of a run. `RunFit` keeps the objects for plots and
-comparisons; `summary` turns it into plain JSON-ready numbers; `format_report` into a few printable lines.
+`RunFit` keeps the objects for plots and comparisons; `summary` turns it into plain JSON-ready numbers;
+`format_report` into a few printable lines. The trainer's end-of-run call (`fit_run`: fit, optional plot, summary)
+lives in `end_of_run.py`, above both this module and `plots.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Union
+from typing import Optional
 
 import numpy as np
 
 from scalerl_jax.scaling import bayes as bayes_lib
 from scalerl_jax.scaling import fit as fit_lib
-from scalerl_jax.scaling.io import load_points
 from scalerl_jax.scaling.points import CurveDataError, CurvePoints, Window, split
 
 METHODS = ("paper", "free")
@@ -133,19 +133,3 @@ def format_report(s: dict) -> str:
                f"measured {e['measured']:.3f} (error {e['error']:+.3f}"
                + ("" if covered is None else f", {'inside' if covered else 'outside'} the band") + ")")
   return "\n".join(lines)
-
-
-def fit_run(points: Union[CurvePoints, str], *, x: str = "accelerator_hours", fit_upto: float = 0.5,
-            c_min: float = 0.0, bayes: bool = True, plot: Optional[str] = None, **kwargs) -> dict:
-  """Fits one run and returns `summary` (JSON-ready); `plot` saves the fit plot there.
-
-  `points`: CurvePoints, or a run directory / CSV / metrics.jsonl read on the `x` axis ("accelerator_hours",
-  "accelerator_seconds" or "flops"). Other keyword arguments go to `analyse` (method, fit_r0, likelihood, ...).
-  """
-  if not isinstance(points, CurvePoints):
-    points = load_points(points, x=x)
-  run = analyse(points, fit_upto=fit_upto, c_min=c_min, bayes=bayes, **kwargs)
-  if plot:
-    from scalerl_jax.scaling import plots  # matplotlib only when asked
-    plots.save(plots.plot_fit(run).figure, plot)
-  return summary(run)

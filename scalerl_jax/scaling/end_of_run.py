@@ -1,0 +1,29 @@
+"""The trainer's one call at the end of a run: read the run's points, fit them, optionally plot, summarise.
+
+It sits above both `analysis.py` (fit, summary) and `plots.py` (figures of an `analysis.RunFit`), so those two
+do not import each other; matplotlib is imported only when a plot is asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+from scalerl_jax.scaling.analysis import analyse, summary
+from scalerl_jax.scaling.io import load_points
+from scalerl_jax.scaling.points import CurvePoints
+
+
+def fit_run(points: Union[CurvePoints, str], *, x: str = "accelerator_hours", fit_upto: float = 0.5,
+            c_min: float = 0.0, bayes: bool = True, plot: Optional[str] = None, **kwargs) -> dict:
+  """Fits one run and returns `summary` (JSON-ready); `plot` saves the fit plot there.
+
+  `points`: CurvePoints, or a run directory / CSV / metrics.jsonl read on the `x` axis ("accelerator_hours",
+  "accelerator_seconds" or "flops"). Other keyword arguments go to `analyse` (method, fit_r0, likelihood, ...).
+  """
+  if not isinstance(points, CurvePoints):
+    points = load_points(points, x=x)
+  run = analyse(points, fit_upto=fit_upto, c_min=c_min, bayes=bayes, **kwargs)
+  if plot:
+    from scalerl_jax.scaling import plots  # matplotlib only when asked
+    plots.save(plots.plot_fit(run).figure, plot)
+  return summary(run)
