@@ -248,6 +248,22 @@ def test_fit_run_summary_is_json_ready(tmp_path):
   assert "A=" in scaling.format_report(s) and "measured" in scaling.format_report(s)
 
 
+@pytest.mark.parametrize("x, label", [("accelerator_hours", "compute (accelerator-hours)"),
+                                      ("accelerator_seconds", "compute (accelerator-seconds)"),
+                                      ("flops", "compute (FLOPs)")])
+def test_plots_name_the_compute_unit_the_points_were_read_on(tmp_path, x, label):
+  plots = pytest.importorskip("scalerl_jax.scaling.plots")
+  synthetic.write_run_dir(synthetic.synthetic_run(SCALERL, 16000.0, seed=3, name="a"), tmp_path / "run")
+  run = scaling.analyse(io.load_points(tmp_path / "run", x=x))
+  assert run.points.x_axis == x and run.window.fit.x_axis == x  # the split keeps the unit
+  assert plots.plot_fit(run).get_xlabel() == label
+  assert plots.plot_comparison([run, run]).get_xlabel() == label
+  unknown = scaling.analyse(synthetic.synthetic_run(SCALERL, 16000.0, seed=3))  # no unit recorded: none claimed
+  assert plots.plot_fit(unknown).get_xlabel() == "compute"
+  assert plots.plot_comparison([run, unknown]).get_xlabel() == "compute"
+  plots.plt.close("all")
+
+
 def test_scaling_modules_do_not_import_each_other_in_a_cycle():
   """Layers, lazy imports included: points -> io / fit / bayes -> analysis -> compare -> plots -> end_of_run."""
   import ast

@@ -80,7 +80,8 @@ def analyse(points: CurvePoints, *, fit_upto: float = 0.5, c_min: float = 0.0, m
 def _join(a: CurvePoints, b: CurvePoints) -> CurvePoints:
   cat = lambda x, y: None if x is None or y is None else np.concatenate([x, y])  # noqa: E731
   return CurvePoints(cat(a.compute, b.compute), cat(a.reward, b.reward), cat(a.n_correct, b.n_correct),
-                     cat(a.n_total, b.n_total), cat(a.per_prompt, b.per_prompt), b.samples_per_prompt, b.name)
+                     cat(a.n_total, b.n_total), cat(a.per_prompt, b.per_prompt), b.samples_per_prompt, b.name,
+                     b.x_axis)
 
 
 def _num(v) -> Optional[float]:

@@ -95,7 +95,7 @@ def _from_records(records: List[dict], x: str, name: str) -> CurvePoints:
   if (all(isinstance(v, list) and v for v in per_prompt) and len({len(v) for v in per_prompt}) == 1
       and "eval/samples_per_prompt" in evals[0]):
     counts.update(per_prompt=np.array(per_prompt), samples_per_prompt=int(evals[0]["eval/samples_per_prompt"]))
-  return CurvePoints(compute, reward, name=name, **counts)
+  return CurvePoints(compute, reward, name=name, x_axis=x, **counts)
 
 
 def _read_csv(path: pathlib.Path) -> CurvePoints:

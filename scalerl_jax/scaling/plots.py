@@ -16,10 +16,23 @@ import matplotlib.pyplot as plt
 from scalerl_jax.scaling.analysis import RunFit
 from scalerl_jax.scaling.compare import linearised, refit_common_a
 
+UNITS = {"accelerator_hours": "accelerator-hours", "accelerator_seconds": "accelerator-seconds", "flops": "FLOPs"}
+
 
 def _short(name: str) -> str:
   """A run's label: the last path component of its input."""
   return pathlib.Path(name).name if name else ""
+
+
+def _unit(runs: Sequence[RunFit]) -> str:
+  """The compute unit the runs' points were read on (`CurvePoints.x_axis`); "" when unknown or mixed."""
+  axes = {run.points.x_axis for run in runs}
+  return UNITS.get(axes.pop(), "") if len(axes) == 1 else ""
+
+
+def _x_label(runs: Sequence[RunFit]) -> str:
+  unit = _unit(runs)
+  return f"compute ({unit})" if unit else "compute"
 
 
 def _axes(ax):
@@ -66,7 +79,7 @@ def plot_fit(run: RunFit, ax=None, c_max: Optional[float] = None, color: str = "
     ax.scatter(pts.compute[dropped], pts.reward[dropped], s=10, color="0.6", zorder=3)
   ax.axhline(run.lsq.params.A, color=color, lw=0.8, ls="-.", alpha=0.6)
   ax.set_xscale("log")
-  ax.set_xlabel("compute")
+  ax.set_xlabel(_x_label([run]))
   ax.set_ylabel("held-out pass rate")
   ax.legend(fontsize=8, loc="lower right")
   return ax
@@ -88,7 +101,7 @@ def plot_comparison(runs: Sequence[RunFit], ax=None, c_max: Optional[float] = No
     ax.scatter(run.points.compute[1:], run.points.reward[1:], s=10, color=color)
     ax.axvline(run.window.c_cut, color=color, ls="--", lw=0.8, alpha=0.6)
   ax.set_xscale("log")
-  ax.set_xlabel("compute")
+  ax.set_xlabel(_x_label(runs))
   ax.set_ylabel("held-out pass rate")
   ax.legend(fontsize=8, loc="lower right")
   return ax
@@ -103,7 +116,8 @@ def plot_linearised(runs: Sequence[RunFit], ax=None, common_a: bool = True):
     ax.scatter(x, y, s=10, color=f"C{i}")
     xs = np.linspace(x.min(), x.max(), 10) if x.size else np.zeros(0)
     ax.plot(xs, f.params.B * xs, color=f"C{i}", label=f"{_short(run.name) or i}: B={f.params.B:.2f}")
-  ax.set_xlabel("ln C")
+  unit = _unit(runs)
+  ax.set_xlabel(f"ln C (C in {unit})" if unit else "ln C")
   ax.set_ylabel("ln F(R)")
   ax.set_title(f"linearised at common A={a:.3f}" if a is not None else "linearised")
   ax.legend(fontsize=8)

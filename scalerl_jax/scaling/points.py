@@ -33,6 +33,7 @@ class CurvePoints:
   per_prompt: Optional[np.ndarray] = None  # int[N, P] correct samples per held-out prompt
   samples_per_prompt: Optional[int] = None  # n of mean@n; needed with per_prompt
   name: str = ""
+  x_axis: str = ""  # the compute unit: "accelerator_hours", "accelerator_seconds" or "flops"; "" when unknown
 
   def __post_init__(self):
     where = f"{self.name}: " if self.name else ""
@@ -90,7 +91,7 @@ class CurvePoints:
     """The sub-run at `index` (a boolean mask or integer indices, in increasing order)."""
     pick = lambda v: None if v is None else v[index]  # noqa: E731
     return CurvePoints(self.compute[index], self.reward[index], pick(self.n_correct), pick(self.n_total),
-                       pick(self.per_prompt), self.samples_per_prompt, self.name)
+                       pick(self.per_prompt), self.samples_per_prompt, self.name, self.x_axis)
 
 
 @dataclasses.dataclass(frozen=True)
