@@ -1,5 +1,6 @@
-"""Continuous-batching driver: groups by prompt, forced interruption and length limits, admission control and
-version counters for the pipeline, evaluation runs, determinism by seed."""
+"""Continuous-batching driver: groups by prompt, forced interruption and length limits, admission in submission
+order (a started group is never dropped and comes back whole), versions across weight updates, evaluation runs,
+determinism by seed."""
 
 import jax
 import numpy as np
@@ -34,7 +35,7 @@ def engine():
 @pytest.fixture(scope="module")
 def params(engine):
   p = engine.init_params(0)
-  return engine.put_params({**p, "embed": p["embed"] * 0.3})  # flatter distributions: varied samples
+  return jax.device_put({**p, "embed": p["embed"] * 0.3}, engine.param_shardings)  # flatter: varied samples
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +45,11 @@ def groups(engine, params):
 
 
 class Spy:
-  """The engine, with a record of how many slots were active at each generate call."""
+  """The engine, with a record of how many slots were active at each generate call and of the (uid, sample)
+  pairs given a slot, in order."""
 
   def __init__(self, engine):
-    self.engine, self.active = engine, []
+    self.engine, self.active, self.started = engine, [], []
 
   def __getattr__(self, name):
     return getattr(self.engine, name)
@@ -55,6 +57,18 @@ class Spy:
   def generate(self, params, state, *args, **kwargs):
     self.active.append(int(np.asarray(state.active_B).sum()))
     return self.engine.generate(params, state, *args, **kwargs)
+
+  def prefill_insert(self, params, state, prompts, rows, slots, uids, samples, base_key):
+    self.started += list(zip(uids, samples))
+    return self.engine.prefill_insert(params, state, prompts, rows, slots, uids, samples, base_key)
+
+
+def finish(driver, params, version=0):
+  """Step until everything submitted has come back."""
+  out = []
+  while driver.busy or driver.queued_prompts:
+    out += driver.step(params, version)
+  return out
 
 
 def test_groups_are_complete_in_prompt_order_with_consistent_records(groups):
@@ -118,41 +132,52 @@ def test_determinism_by_seed(engine, params, groups):
 def test_continuous_batching_keeps_every_slot_busy(engine, params):
   spy = Spy(engine)
   driver = RolloutDriver(spy, seed=0)
-  driver.admit_from((prompt(i) for i in range(12)), 3)  # 36 samples through 8 slots, partial groups included
-  done = []
-  while len(done) < 12:
-    done += driver.step(params, 0)
+  for i in range(12):
+    driver.submit(prompt(i), 3)  # 36 samples through 8 slots, partial groups included
+  done = finish(driver, params)
   assert sorted(g.prompt.prompt_id for g in done) == sorted(f"p{i}" for i in range(12))
   assert all(len(g.samples) == 3 and all(s is not None for s in g.samples) for g in done)
-  # every generate call ran with all 8 slots busy until the iterator ran dry (36 samples, ~4 finish per call)
+  # every generate call ran with all 8 slots busy until the queue ran dry (36 samples, ~4 finish per call)
   full = [a == ROLLOUT.max_slots for a in spy.active]
   assert full[:4] == [True] * 4 and not driver.busy and driver.idle_slots == ROLLOUT.max_slots
 
 
-def test_admission_pause_pacing_versions_and_drain(engine, params):
+def test_submission_paces_admission_and_samples_record_every_version(engine, params):
+  """The pipeline paces admission by when it submits: only submitted prompts run, and a group whose samples
+  span weight updates records each version its tokens were sampled at."""
   driver = RolloutDriver(engine, seed=0)
-  for i in range(4):
+  assert driver.step(params, 0) == [] and driver.idle_slots == ROLLOUT.max_slots  # nothing submitted
+  version = 0
+  for i in range(2):  # one prompt at a time, the next submitted once the previous came back
     driver.submit(prompt(i), 2)
-  driver.admit = False
-  assert driver.step(params, 0) == [] and driver.idle_slots == ROLLOUT.max_slots and driver.oldest_version is None
-  driver.admit = True
-  driver.can_admit = lambda: driver.in_flight_prompts < 1  # one prompt at a time
-  done, version = [], 0
-  while len(done) < 2:
-    got = driver.step(params, version)
-    assert driver.in_flight_prompts <= 1 and driver.idle_slots >= ROLLOUT.max_slots - 2
-    if driver.busy:  # the in-flight prompt started at some version and has kept every token's version since
-      assert driver.oldest_version is not None and driver.oldest_version <= version
-    for g in got:
-      versions = np.concatenate([s.versions[s.versions >= 0] for s in g.samples])
-      assert versions.max() > versions.min()  # samples spanning a weight update record both versions
-    done += got
-    version += 1
-  driver.can_admit = None
-  driver.step(params, version)  # starts the remaining prompts
-  assert driver.queued_prompts == 0 and driver.busy
-  rest = driver.drain(params, version)
-  assert len(done) + len(rest) == 4 and not driver.busy and driver.admit
+    got = []
+    while not got:
+      got = driver.step(params, version)
+      assert driver.idle_slots >= ROLLOUT.max_slots - 2 and driver.queued_prompts == 0
+      version += 1
+    assert [g.prompt.prompt_id for g in got] == [f"p{i}"] and not driver.busy
+    versions = np.concatenate([s.versions[s.versions >= 0] for s in got[0].samples])
+    assert versions.max() > versions.min()  # samples spanning a weight update record both versions
+
+
+def test_a_started_group_is_never_dropped_and_comes_back_whole(engine, params):
+  """A group with more samples than slots: its remaining samples take the next free slots before any prompt
+  submitted after it, including prompts submitted while it runs; every group comes back whole."""
+  spy = Spy(engine)
+  driver = RolloutDriver(spy, seed=0)
+  big = driver.submit(prompt(0), 12)  # 12 samples, 8 slots
+  small = [driver.submit(prompt(1), 2)]
+  done = driver.step(params, 0)
+  assert driver.busy and driver.idle_slots == 0
+  small.append(driver.submit(prompt(2), 2))  # submitted mid-flight
+  done += finish(driver, params, 1)
+  uids = [u for u, _ in spy.started]
+  assert spy.started[:12] == [(big, i) for i in range(12)] and big not in uids[12:]
+  assert sorted(uids[12:]) == sorted([small[0]] * 2 + [small[1]] * 2) and uids.index(small[0]) < uids.index(small[1])
+  assert sorted(g.uid for g in done) == [big] + small
+  for g in done:
+    assert len(g.samples) == (12 if g.uid == big else 2) and all(s is not None for s in g.samples)
+  assert len({tuple(s.tokens) for s in done[[g.uid for g in done].index(big)].samples}) == 12  # distinct samples
 
 
 def test_generate_all_leaves_in_flight_work_alone(engine, params):
@@ -162,10 +187,10 @@ def test_generate_all_leaves_in_flight_work_alone(engine, params):
   assert driver.busy
   evals = driver.generate_all(params, 0, [prompt(i) for i in range(3)], 2)
   assert [g.prompt.prompt_id for g in evals] == ["p0", "p1", "p2"]
-  rest = driver.drain(params, 0)
+  rest = finish(driver, params)
   alone = RolloutDriver(engine, seed=0)
   alone.submit(prompt(0), 8)
-  ref = alone.step(params, 0) + alone.drain(params, 0)
+  ref = finish(alone, params)
   assert [s.tokens.tolist() for s in rest[0].samples] == [s.tokens.tolist() for s in ref[0].samples]
 
 
@@ -178,11 +203,9 @@ def test_first_uid_continues_the_random_streams(engine, params):
   whole = RolloutDriver(engine, seed=0)
   uids = [whole.submit(prompt(i), 2) for i in range(6)]
   assert uids == list(range(6))
-  ref = {}
-  while whole.busy or whole.queued_prompts:
-    ref.update({g.uid: g for g in whole.step(params, 0)})
+  ref = {g.uid: g for g in finish(whole, params)}
   resumed = RolloutDriver(engine, seed=0)
   resumed.first_uid = 5  # as a resumed run does
   assert resumed.submit(prompt(5), 2) == 5
-  got = resumed.step(params, 0) + resumed.drain(params, 0)
+  got = finish(resumed, params)
   assert [s.tokens.tolist() for s in got[0].samples] == [s.tokens.tolist() for s in ref[5].samples]

@@ -11,10 +11,17 @@ One `step(params, version)`:
     collect ──────────── host numpy: append each slot's tokens, free the slots that finished, return the
                          prompt groups whose samples are all finished
 
+Admission: the driver starts everything submitted, in submission order, as slots free up; the samples left of a
+prompt that has started take the next free slots before any new prompt, so a started group is never dropped and
+comes back whole. The pipeline paces admission under its staleness bound by deciding when to `submit` a batch's
+prompts (GeneratorThread in scalerl_jax/pipeline/orchestrator.py).
+
 In-flight weight update (PipelineRL): pass new params / version to the next `step`. Nothing is drained and no KV
 is recomputed: a sample in flight keeps the KV its earlier tokens got from the old params, and its tokens record
-both versions. The pipeline paces admission under its staleness bound with `admit` / `can_admit` and reads
-`oldest_version`; samples of a prompt that has started are always admitted (a started group is never dropped).
+both versions.
+
+Shapes (legend in scalerl_jax/types.py): B decode slots, N tokens of a whole completion (`max_new_tokens`) in the
+per-slot buffers; a generate call's results are [B, steps].
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-from typing import Callable, Iterable, Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
 import jax
 import numpy as np
@@ -31,14 +38,6 @@ from scalerl_jax import types
 from scalerl_jax.model.policy import Params
 from scalerl_jax.rollout.engine import Engine
 from scalerl_jax.rollout.sampling import SamplingParams
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutGroup:
-  """All samples of one prompt, unscored (rewards come next)."""
-  prompt: types.Prompt
-  samples: tuple[types.Sample, ...]  # G samples, in sample-index order
-  uid: int = -1  # admission number within its driver (submission / iterator order)
 
 
 @dataclasses.dataclass
@@ -65,10 +64,9 @@ class _Group:
   def __init__(self, prompt: types.Prompt, n: int, uid: int):
     self.prompt, self.n, self.uid = prompt, n, uid
     self.tokens = np.asarray(prompt.tokens, np.int32)
-    self.next_sample = 0  # samples admitted so far
+    self.next_sample = 0  # samples given a slot so far
     self.samples: list[Optional[types.Sample]] = [None] * n
     self.unfinished = n
-    self.min_version = np.iinfo(np.int32).max  # over the tokens of its finished samples
 
 
 @functools.lru_cache(maxsize=64)
@@ -85,33 +83,29 @@ class RolloutDriver:
     self.engine = engine
     self.sampling = sampling or engine.default_sampling
     self.steps = steps or engine.cfg.decode_chunk  # decode steps fused into one generate call
-    self.admit = True  # the pipeline clears this to pause admission of new prompts
-    self.can_admit: Optional[Callable[[], bool]] = None  # or paces it with a callback, asked per new prompt
     self.stats = RolloutStats()
     self.last_eval_stats = RolloutStats()  # of the latest generate_all
     self.seed = seed
     self._base_key = _seed_key(seed)
     self._state = None  # DecodeState, allocated on first use
     self._eval_state = None  # generate_all's own DecodeState, kept between calls (all slots idle)
-    B, T = engine.max_concurrent_decodes, engine.cfg.max_new_tokens
+    B, N = engine.cfg.max_slots, engine.cfg.max_new_tokens
     self._slot_uid = np.full((B,), -1, np.int64)  # group uid per slot, -1 = free
     self._slot_sample = np.zeros((B,), np.int64)
     self._len_B = np.zeros((B,), np.int64)
-    self._tok_BT = np.zeros((B, T), np.int32)
-    self._logp_BT = np.zeros((B, T), np.float32)
-    self._ver_BT = np.zeros((B, T), np.int32)
-    self._forced_BT = np.zeros((B, T), bool)
+    self._tok_BN = np.zeros((B, N), np.int32)
+    self._logp_BN = np.zeros((B, N), np.float32)
+    self._ver_BN = np.zeros((B, N), np.int32)
+    self._forced_BN = np.zeros((B, N), bool)
     self._groups: dict[int, _Group] = {}  # started and unfinished
-    self._started: collections.deque[_Group] = collections.deque()  # started, samples left to admit
+    self._started: collections.deque[_Group] = collections.deque()  # started, samples left without a slot
     self._queued: collections.deque[_Group] = collections.deque()  # submitted, not started
-    self._source: Optional[Iterator[types.Prompt]] = None
-    self._source_n = 0
     self._next_uid = 0
 
   # ---- input ---------------------------------------------------------------------------------------------
   def submit(self, prompt: types.Prompt, n: int) -> int:
-    """Queue one prompt for n samples (started when admission allows); returns its uid (admission number, which
-    also keys its samples' random streams)."""
+    """Queue one prompt for n samples (started, in submission order, as slots free up); returns its uid
+    (submission number, which also keys its samples' random streams)."""
     if n < 1:
       raise ValueError(f"n must be >= 1, got {n}")
     self.engine.bucket(len(prompt.tokens))  # fail now on a prompt that is too long
@@ -130,27 +124,9 @@ class RolloutDriver:
       raise RuntimeError("first_uid can only be set on an idle driver")
     self._next_uid = int(uid)
 
-  def admit_from(self, prompts: Iterable[types.Prompt], n: int) -> None:
-    """Pull prompts from an iterator (after the submitted ones) whenever slots are free and admission allows."""
-    self._source, self._source_n = iter(prompts), n
-
   def _take_uid(self) -> int:
     self._next_uid += 1
     return self._next_uid - 1
-
-  def _may_start(self) -> bool:
-    return self.admit and (self.can_admit is None or self.can_admit())
-
-  def _next_new_group(self) -> Optional[_Group]:
-    if self._queued:
-      return self._queued.popleft()
-    if self._source is not None:
-      prompt = next(self._source, None)
-      if prompt is not None:
-        self.engine.bucket(len(prompt.tokens))
-        return _Group(prompt, self._source_n, self._take_uid())
-      self._source = None
-    return None
 
   # ---- counters --------------------------------------------------------------------------------------------
   @property
@@ -158,23 +134,8 @@ class RolloutDriver:
     return int(np.sum(self._slot_uid < 0))
 
   @property
-  def in_flight_prompts(self) -> int:
-    """Prompts started and not yet returned."""
-    return len(self._groups)
-
-  @property
   def queued_prompts(self) -> int:
     return len(self._queued)
-
-  @property
-  def oldest_version(self) -> Optional[int]:
-    """Min policy version over the sampled tokens of in-flight prompts (their finished samples included, since
-    a group is consumed whole); None when no such token exists."""
-    T = self._ver_BT.shape[1]
-    mask_BT = (np.arange(T)[None, :] < self._len_B[:, None]) & (self._ver_BT >= 0)
-    candidates = [int(self._ver_BT[mask_BT].min())] if mask_BT.any() else []
-    candidates += [g.min_version for g in self._groups.values() if g.min_version != np.iinfo(np.int32).max]
-    return min(candidates) if candidates else None
 
   @property
   def busy(self) -> bool:
@@ -182,7 +143,7 @@ class RolloutDriver:
     return bool(self._groups)
 
   # ---- the loop ------------------------------------------------------------------------------------------
-  def step(self, params: Params, version: int) -> list[RolloutGroup]:
+  def step(self, params: Params, version: int) -> list[types.RolloutGroup]:
     """Refill free slots, run one fused generate call with (params, version), return finished groups."""
     if self._state is None:
       self._state = self.engine.init_decode_state()
@@ -192,19 +153,9 @@ class RolloutDriver:
     self._state, results = self.engine.generate(params, self._state, version, self.steps, self.sampling)
     return self._collect(jax.device_get(results))
 
-  def drain(self, params: Params, version: int) -> list[RolloutGroup]:
-    """Finish every started prompt without starting new ones."""
-    admit, self.admit, out = self.admit, False, []
-    try:
-      while self.busy:
-        out += self.step(params, version)
-    finally:
-      self.admit = admit
-    return out
-
   def generate_all(self, params: Params, version: int, prompts: Sequence[types.Prompt], n: int,
                    sampling: Optional[SamplingParams] = None, seed: Optional[int] = None,
-                   steps: Optional[int] = None) -> list[RolloutGroup]:
+                   steps: Optional[int] = None) -> list[types.RolloutGroup]:
     """n samples of every prompt (evaluation), in prompt order; sampling, seed and steps default to this
     driver's. Uses its own decode state: in-flight work of this driver is untouched."""
     runner = RolloutDriver(self.engine, seed=self.seed if seed is None else seed, sampling=sampling or self.sampling,
@@ -212,7 +163,7 @@ class RolloutDriver:
     runner._state, self._eval_state = self._eval_state, None  # reuse the idle evaluation decode state
     for p in prompts:
       runner.submit(p, n)
-    out: list[RolloutGroup] = []
+    out: list[types.RolloutGroup] = []
     while runner.busy or runner.queued_prompts:
       out += runner.step(params, version)
     self.last_eval_stats, self._eval_state = runner.stats, runner._state
@@ -223,9 +174,9 @@ class RolloutDriver:
     plan: list[tuple[_Group, int, int]] = []  # (group, sample index, slot)
     while len(plan) < len(free):
       if not self._started:
-        group = self._next_new_group() if self._may_start() else None
-        if group is None:
+        if not self._queued:
           break
+        group = self._queued.popleft()
         self._groups[group.uid] = group
         self._started.append(group)
       group = self._started[0]
@@ -251,42 +202,39 @@ class RolloutDriver:
     for group, i, slot in plan:
       self._slot_uid[slot], self._slot_sample[slot], self._len_B[slot] = group.uid, i, 0
 
-  def _collect(self, res) -> list[RolloutGroup]:
+  def _collect(self, res) -> list[types.RolloutGroup]:
     valid_BN = res.valid_BN
     rows, cols = np.nonzero(valid_BN)
     dst = self._len_B[rows] + cols
-    self._tok_BT[rows, dst] = res.tokens_BN[rows, cols]
-    self._logp_BT[rows, dst] = res.logprobs_BN[rows, cols]
-    self._ver_BT[rows, dst] = res.versions_BN[rows, cols]
-    self._forced_BT[rows, dst] = res.forced_BN[rows, cols]
+    self._tok_BN[rows, dst] = res.tokens_BN[rows, cols]
+    self._logp_BN[rows, dst] = res.logprobs_BN[rows, cols]
+    self._ver_BN[rows, dst] = res.versions_BN[rows, cols]
+    self._forced_BN[rows, dst] = res.forced_BN[rows, cols]
     self._len_B += valid_BN.sum(axis=1)
     done = np.flatnonzero(res.done_B)
     if not done.size:
       return []
     # per-sample statistics in one vectorized pass over the finished slots
     lens = self._len_B[done]
-    in_sample = np.arange(self._tok_BT.shape[1])[None, :] < lens[:, None]
-    vers = self._ver_BT[done]
-    min_ver = np.where(in_sample & (vers >= 0), vers, np.iinfo(np.int32).max).min(axis=1)
+    in_sample = np.arange(self._tok_BN.shape[1])[None, :] < lens[:, None]
     s = self.stats
     s.samples += len(done)
     s.tokens += int(lens.sum())
-    s.forced_tokens += int((self._forced_BT[done] & in_sample).sum())
+    s.forced_tokens += int((self._forced_BN[done] & in_sample).sum())
     s.interrupted += int(res.interrupted_B[done].sum())
     s.truncated += int(res.truncated_B[done].sum())
     finished = []
     # one copy per array for all finished slots; each sample holds row slices of these copies
-    tok, logp, forced = self._tok_BT[done], self._logp_BT[done], self._forced_BT[done]
+    tok, logp, vers, forced = self._tok_BN[done], self._logp_BN[done], self._ver_BN[done], self._forced_BN[done]
     truncated, interrupted = res.truncated_B[done].tolist(), res.interrupted_B[done].tolist()
-    for j, (slot, n, v) in enumerate(zip(done.tolist(), lens.tolist(), min_ver.tolist())):
+    for j, (slot, n) in enumerate(zip(done.tolist(), lens.tolist())):
       group = self._groups[int(self._slot_uid[slot])]
       group.samples[int(self._slot_sample[slot])] = types.Sample(
           prompt_id=group.prompt.prompt_id, prompt_tokens=group.tokens, tokens=tok[j, :n], logprobs=logp[j, :n],
           versions=vers[j, :n], forced=forced[j, :n], truncated=truncated[j], interrupted=interrupted[j])
-      group.min_version = min(group.min_version, v)
       group.unfinished -= 1
       if group.unfinished == 0:
         del self._groups[group.uid]
-        finished.append(RolloutGroup(group.prompt, tuple(group.samples), group.uid))
+        finished.append(types.RolloutGroup(group.prompt, tuple(group.samples), group.uid))
     self._slot_uid[done], self._len_B[done] = -1, 0
     return finished
