@@ -52,7 +52,7 @@ def test_two_runs_json_and_comparison_plot(runs, tmp_path, capsys):
   assert printed.count("curve fit [") == 2 and "posterior" not in printed
   assert "scalerl vs" in printed and "curves cross" in printed
   data = json.loads(out.read_text())
-  assert data["x"] == "accelerator_hours" and data["fit_upto"] == 0.5
+  assert data["x"] == cli.parse_args([str(runs[0])])[1].x and data["fit_upto"] == 0.5  # the default axis
   first, second = data["runs"]
   for run in data["runs"]:
     assert {"A", "B", "C_mid", "R0", "residual", "extrapolation"} <= set(run)

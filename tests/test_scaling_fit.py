@@ -191,7 +191,7 @@ def test_tensorboard_events(tmp_path):
     writer.add_scalar("eval/pass_rate", r, step * 100)
   writer.add_scalar("compute/accelerator_seconds", 9000.0, 250)  # a train step without an eval
   writer.close()
-  pts = io.load_points(tmp_path / "tb")
+  pts = io.load_points(tmp_path / "tb", x="accelerator_hours")
   np.testing.assert_allclose(pts.compute, [0.0, 1.0, 2.0])
   np.testing.assert_allclose(pts.reward, [0.2, 0.3, 0.35], rtol=1e-6)
 
