@@ -29,7 +29,7 @@ def one_device_mesh():
 def flat_params(engine, seed):
   """Random params with a smaller embedding, so sampled tokens vary (tied random embeddings mostly copy)."""
   params = engine.init_params(seed)
-  return engine.put_params({**params, "embed": params["embed"] * 0.3})
+  return jax.device_put({**params, "embed": params["embed"] * 0.3}, engine.param_shardings)
 
 
 @jax.jit
@@ -165,7 +165,7 @@ def test_sharded_submesh_equals_one_device(engine, params):
   devices = jax.devices()[4:]
   mesh = mesh_lib.make_mesh("data=2,tensor=2", devices, mesh_lib.ROLLOUT_AXES)
   sharded = Engine(Policy(CFG), ROLLOUT, mesh)
-  params_s = sharded.put_params(jax.device_get(params))
+  params_s = jax.device_put(jax.device_get(params), sharded.param_shardings)
   assert {d for x in jax.tree.leaves(params_s) for d in x.devices()} == set(devices)
   state = sharded.init_decode_state()
   assert state.cache[0].k_BKHS.sharding.spec == jax.sharding.PartitionSpec("data", "tensor", None, None)
@@ -184,11 +184,11 @@ def test_data_sharded_slots_decode_per_shard_without_collectives(engine, params)
   mesh = mesh_lib.make_mesh("data=4", jax.devices()[:4], mesh_lib.ROLLOUT_AXES)
   sharded = Engine(Policy(CFG), ROLLOUT, mesh)
   assert sharded.data_shards == 4 and engine.data_shards == 1
-  params_s = sharded.put_params(jax.device_get(params))
+  params_s = jax.device_put(jax.device_get(params), sharded.param_shardings)
   state = sharded.init_decode_state()
   for fn, args, kw in ((sharded._generate, (params_s, state, np.int32(0)), dict(steps=4, sampling=SAMPLED)),
-                       (sharded._prefill_insert, (params_s, state) + sharded._pad_prompts(PROMPTS)
-                        + (sharded._pad_inserts([0], [0], [0], [0]), jax.random.key(0)), {})):
+                       (sharded._prefill_insert, (params_s, state) + sharded.pad_prompts(PROMPTS)
+                        + (sharded.pad_inserts([0], [0], [0], [0]), jax.random.key(0)), {})):
     hlo = fn.lower(*args, **kw).compile().as_text()
     assert not [op for op in ("all-reduce", "all-gather", "all-to-all", "collective-permute") if op in hlo]
   # 2 prompts x 2 samples fill slots 0-3 (shards 0 and 1); shards 2 and 3 stay idle

@@ -73,7 +73,7 @@ def child() -> None:
   js_tok = js.JetStreamTokenizer(tok)
   engine = Engine(Policy(cfg), rollout, mesh, stop_ids=sorted(js_tok.stop_tokens))
   params = engine.init_params(3)
-  params = engine.put_params({**params, "embed": params["embed"] * 0.5})
+  params = jax.device_put({**params, "embed": params["embed"] * 0.5}, engine.param_shardings)
 
   served = js.serve(js.JetStreamEngine(engine, js_tok, params), params, PROMPTS, MAX_TOKENS)
   prompts = [types.Prompt(str(i), p, "", np.asarray(tok.encode_prompt(p), np.int32)) for i, p in enumerate(PROMPTS)]

@@ -1,17 +1,21 @@
-"""Rollout engine: JetStream's Engine contract, plus what RL needs.
+"""Rollout engine: the two jitted calls the RL driver makes, over `max_slots` decode slots.
 
-    prefill(params, tokens, true_length) -> Prefix          one forward over the padded prompt (bucketed length)
-    insert(prefix, state, slot)          -> DecodeState     copy a prefix's KV into a decode slot (one prefix row
-                                                            can fill n slots: n samples of one prompt)
+    prefill_insert(params, state, prompts, rows, slots, uids, samples, base_key) -> DecodeState
+                    one forward over the P padded prompts (bucket width Lb), then their KV copied into M slots
+                    (one prompt row can fill G slots: G samples of one prompt)
     generate(params, state, version, steps=N) -> (state, StepResults)
-                                                            N decode steps over all slots in ONE jitted loop
+                    N decode steps over all slots in ONE jitted loop
+
+Both are composed of public building blocks (`prefill_rows`, `insert_rows`, `over_slots`, `pad_prompts`,
+`pad_inserts`), from which jetstream_adapter.py builds JetStream's single-prompt prefill and insert.
 
 Decode slots sharded over the mesh's "data" axis run insert and the decode loop per shard (shard_map, no
 collectives); other mesh axes stay under automatic partitioning.
 
-Params are an explicit argument of every call, in the rollout layout on the engine's mesh (`put_params`), so an
-in-flight weight update is passing a new pytree with the same shapes and shardings between two `generate` calls:
-no recompilation, no drain, and the KV of earlier tokens (computed by the old params) stays (PipelineRL).
+Params are an explicit argument of every call and must be in `param_shardings` (the rollout layout on the
+engine's mesh; the pipeline's weight_sync module puts them there), so an in-flight weight update is passing a new
+pytree with the same shapes and shardings between two `generate` calls: no recompilation, no drain, and the KV of
+earlier tokens (computed by the old params) stays (PipelineRL).
 
 Semantics of the decode loop, per slot (B = max_slots, S = cache length, N = steps in this call):
   * A slot holds the prompt's KV for positions < L-1 and feeds the last prompt token at position L-1 in its first
@@ -28,8 +32,8 @@ Semantics of the decode loop, per slot (B = max_slots, S = cache length, N = ste
     (forced ones included) or when the answer budget runs out.
   * Every emitted token records the version passed to the call that produced it (-1 for forced tokens).
 
-Shape legend: as in scalerl_jax/model/transformer.py, plus P prefill rows, Lb bucketed prompt length, M inserts
-in one batch, N decode steps in one call, Mk end-marker length.
+Shape legend: scalerl_jax/types.py (here P prompts of a prefill call, Lb its bucket width, M inserts of one call,
+N decode steps of one generate call); W, the end-marker length, is local to `DecodeState.recent_BW`.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ from scalerl_jax.rollout.sampling import SamplingParams
 class Prefix:
   """Prefilled prompts: KV of every bucket position (positions >= length are overwritten before being read)."""
   cache: list  # list[LayerCache], k [P, K, H, Lb], v [P, K, Lb, H]
-  tokens_PL: jax.Array  # int32 padded prompt tokens
+  tokens_PL: jax.Array  # int32 prompt tokens, right-padded to the bucket width Lb
   lengths_P: jax.Array  # int32 true lengths
 
 
@@ -75,7 +79,7 @@ class DecodeState:
   interrupted_B: jax.Array  # bool: the phrase was inserted
   answer_left_B: jax.Array  # int32 sampled tokens still allowed after the phrase
   truncated_B: jax.Array  # bool: stopped by a length limit
-  recent_BM: jax.Array  # int32 last Mk emitted tokens (end-marker matching)
+  recent_BW: jax.Array  # int32 last W emitted tokens, W = end-marker length (matching the marker)
 
 
 @jax.tree_util.register_dataclass
@@ -112,7 +116,7 @@ def _pow4(n: int, lo: int = 1) -> int:
 
 
 class Engine:
-  """Jitted prefill / insert / multi-step generate over `max_slots` decode slots on `mesh`.
+  """Jitted prefill_insert / multi-step generate over `max_slots` decode slots on `mesh`.
 
   stop_ids: sampled tokens that end a sample (kept in its output). phrase_ids / end_marker_ids: the tokenized
   end-of-thinking phrase that forced interruption inserts, and the model's own end-of-thinking marker.
@@ -149,34 +153,19 @@ class Engine:
 
     self._init_state = jax.jit(self._empty_state, out_shardings=self.state_shardings)
     self._init_params = jax.jit(policy.init, out_shardings=self.param_shardings)
-    self._prefill = jax.jit(self._prefill_impl)
-    self._insert = jax.jit(self._insert_sharded, donate_argnums=(0,))
     self._prefill_insert = jax.jit(self._prefill_insert_impl, donate_argnums=(1,))
     self._generate = jax.jit(self._generate_sharded, static_argnames=("steps", "sampling"), donate_argnums=(1,))
     # Decode slots sharded over the mesh's "data" axis are independent, so insert and generate run per shard
-    # (`_over_slots`): no collectives, no step waits on a cross-device "any slot still active?", and a shard
+    # (`over_slots`): no collectives, no step waits on a cross-device "any slot still active?", and a shard
     # stops as soon as its own slots finish. Other mesh axes (tensor) stay under automatic partitioning.
     self.data_shards = mesh.shape.get("data", 1) if self.state_shardings.token_B.spec[:1] == ("data",) else 1
 
-  # ---- JetStream-style properties -------------------------------------------------------------------------
-  @property
-  def max_concurrent_decodes(self) -> int:
-    return self.cfg.max_slots
-
-  @property
-  def max_prefill_length(self) -> int:
-    return self.cfg.max_prefill_len
-
+  # ---- shapes, params and state ---------------------------------------------------------------------------
   def bucket(self, length: int) -> int:
     for b in self.buckets:
       if length <= b:
         return b
     raise ValueError(f"prompt of {length} tokens exceeds rollout.max_prefill_len={self.cfg.max_prefill_len}")
-
-  # ---- params and state ----------------------------------------------------------------------------------
-  def put_params(self, params: Params) -> Params:
-    """Params in the rollout layout (no FSDP) on this engine's mesh; the weight-sync entry point."""
-    return jax.device_put(params, self.param_shardings)
 
   def init_params(self, seed: int) -> Params:
     return self._init_params(jax.random.key(seed))
@@ -192,14 +181,14 @@ class Engine:
         cache=self.policy.init_cache(B, self.cache_len), token_B=zi(), pos_B=zi(), n_gen_B=zi(), active_B=zb(),
         key_B=jax.random.split(jax.random.key(0), B), budget_B=zi(), force_B=zi() - 1, think_done_B=zb(),
         interrupted_B=zb(), answer_left_B=zi(), truncated_B=zb(),
-        recent_BM=zi(max(1, len(self.end_marker_ids))) - 1)
+        recent_BW=zi(max(1, len(self.end_marker_ids))) - 1)
 
   def _constrain(self, state: DecodeState) -> DecodeState:
     return jax.lax.with_sharding_constraint(state, self.state_shardings)
 
-  def _over_slots(self, fn, state: DecodeState, *replicated, out_rows=1):
+  def over_slots(self, fn, state: DecodeState, *replicated, out_rows=1):
     """`fn(state, *replicated)` on each data shard of the slots (shard_map), or whole when the slots are not
-    sharded; `fn` returns a state, or a tuple of `out_rows` row-sharded trees (the state first)."""
+    sharded; `fn` returns a state, or a tuple of `out_rows` row-sharded trees (the state first). Traceable."""
     if self.data_shards > 1:
       rows = jax.tree.map(lambda _: P("data"), state)
       out = rows if out_rows == 1 else (rows,) + (P("data"),) * (out_rows - 1)
@@ -209,16 +198,15 @@ class Engine:
     return self._constrain(out) if out_rows == 1 else (self._constrain(out[0]),) + tuple(out[1:])
 
   # ---- prefill / insert ------------------------------------------------------------------------------------
-  def _prefill_impl(self, params, tokens_PL, lengths_P) -> Prefix:
+  def prefill_rows(self, params, tokens_PL, lengths_P) -> Prefix:
+    """The forward over padded prompts (traceable): KV of every bucket position."""
     _, cache = self.policy.forward(params, tokens_PL)
     return Prefix(cache=cache, tokens_PL=tokens_PL, lengths_P=lengths_P)
 
-  def _insert_sharded(self, state, prefix, plan_4M, base_key) -> DecodeState:
-    return self._over_slots(self._insert_impl, state, prefix, plan_4M, base_key)
-
-  def _insert_impl(self, state: DecodeState, prefix: Prefix, plan_4M, base_key) -> DecodeState:
-    """Scatter prefix rows into this shard's slots. `plan_4M` rows: prefix row, global slot (padding entries use
-    an index >= the total slot count; every entry outside this shard's range is dropped), prompt uid, sample."""
+  def insert_rows(self, state: DecodeState, prefix: Prefix, plan_4M, base_key) -> DecodeState:
+    """Scatter prefix rows into this shard's slots (traceable; run it through `over_slots`). `plan_4M` rows:
+    prefix row, global slot (padding entries use an index >= the total slot count; every entry outside this
+    shard's range is dropped), prompt uid, sample."""
     rows_M, slots_M, uids_M, samples_M = plan_4M
     if self.data_shards > 1:
       B = state.token_B.shape[0]
@@ -247,17 +235,17 @@ class Engine:
         budget_B=put(state.budget_B, budget_M), force_B=put(state.force_B, -1),
         think_done_B=put(state.think_done_B, False), interrupted_B=put(state.interrupted_B, False),
         answer_left_B=put(state.answer_left_B, 0), truncated_B=put(state.truncated_B, False),
-        recent_BM=put(state.recent_BM, jnp.full((M, state.recent_BM.shape[1]), -1, jnp.int32)))
+        recent_BW=put(state.recent_BW, jnp.full((M, state.recent_BW.shape[1]), -1, jnp.int32)))
     return state
 
   def _prefill_insert_impl(self, params, state, tokens_PL, lengths_P, plan_4M, base_key):
     """Each data shard prefills every prompt of the call itself (prompts are few and short next to decode) and
     keeps the KV its own slots need: no collective moves the prefix."""
     def local(state, params, tokens_PL, lengths_P, *insert_args):
-      return self._insert_impl(state, self._prefill_impl(params, tokens_PL, lengths_P), *insert_args)
-    return self._over_slots(local, state, params, tokens_PL, lengths_P, plan_4M, base_key)
+      return self.insert_rows(state, self.prefill_rows(params, tokens_PL, lengths_P), *insert_args)
+    return self.over_slots(local, state, params, tokens_PL, lengths_P, plan_4M, base_key)
 
-  def _pad_prompts(self, prompts: Sequence[np.ndarray]):
+  def pad_prompts(self, prompts: Sequence[np.ndarray]):
     """Host-side padding: length to the largest prompt's bucket, count to a power of four (bounded recompiles)."""
     Lb = self.bucket(max(len(p) for p in prompts))
     tokens_PL = np.zeros((_pow4(len(prompts)), Lb), np.int32)
@@ -267,7 +255,7 @@ class Engine:
       lengths_P[i] = len(p)
     return tokens_PL, lengths_P
 
-  def _pad_inserts(self, rows, slots, uids, samples):
+  def pad_inserts(self, rows, slots, uids, samples):
     """The insert plan as one int32 [4, M] array (one host-to-device copy): rows, slots, uids, samples, padded
     to a power of four with entries aimed at slot index max_slots (dropped)."""
     M = min(_pow4(len(slots), 8), self.cfg.max_slots)
@@ -277,30 +265,12 @@ class Engine:
       plan_4M[i, :len(slots)] = np.asarray(x, np.int32)
     return plan_4M
 
-  def prefill(self, params: Params, tokens, true_length: Optional[int] = None) -> Prefix:
-    """One prompt (JetStream form). `tokens` may already be padded; `true_length` counts its real tokens."""
-    tokens = np.asarray(tokens, np.int32).reshape(-1)
-    return self.prefill_batch(params, [tokens[:len(tokens) if true_length is None else true_length]])
-
-  def prefill_batch(self, params: Params, prompts: Sequence[np.ndarray]) -> Prefix:
-    """Many prompts in one call; row i of the prefix is prompts[i]."""
-    return self._prefill(params, *self._pad_prompts(prompts))
-
-  def insert(self, prefix: Prefix, state: DecodeState, slot: int, *, row: int = 0, uid: int = 0,
-             sample: int = 0, base_key: Optional[jax.Array] = None) -> DecodeState:
-    """Prefix row `row` into `slot`, as sample `sample` of prompt `uid` (keys derive from these)."""
-    return self.insert_batch(prefix, state, [slot], [row], [uid], [sample], base_key)
-
-  def insert_batch(self, prefix: Prefix, state: DecodeState, slots, rows, uids, samples,
-                   base_key: Optional[jax.Array] = None) -> DecodeState:
-    base_key = jax.random.key(0) if base_key is None else base_key
-    return self._insert(state, prefix, self._pad_inserts(rows, slots, uids, samples), base_key)
-
   def prefill_insert(self, params: Params, state: DecodeState, prompts: Sequence[np.ndarray], rows, slots, uids,
                      samples, base_key: jax.Array) -> DecodeState:
-    """Fused prefill_batch + insert_batch (one dispatch): sample m goes to slots[m] from prompts[rows[m]]."""
-    tokens_PL, lengths_P = self._pad_prompts(prompts)
-    return self._prefill_insert(params, state, tokens_PL, lengths_P, self._pad_inserts(rows, slots, uids, samples),
+    """Prefill the prompts and insert M samples in one dispatch: sample m goes to slots[m] from prompts[rows[m]],
+    as sample samples[m] of prompt uids[m] (its keys derive from these). `state` is donated."""
+    tokens_PL, lengths_P = self.pad_prompts(prompts)
+    return self._prefill_insert(params, state, tokens_PL, lengths_P, self.pad_inserts(rows, slots, uids, samples),
                                 base_key)
 
   # ---- generate --------------------------------------------------------------------------------------------
@@ -316,7 +286,7 @@ class Engine:
 
   def _generate_sharded(self, params, state: DecodeState, version, *, steps: int, sampling: SamplingParams):
     loop = lambda state, params, version: self._generate_impl(params, state, version, steps=steps, sampling=sampling)
-    return self._over_slots(loop, state, params, version, out_rows=2)
+    return self.over_slots(loop, state, params, version, out_rows=2)
 
   def _generate_impl(self, params, state: DecodeState, version, *, steps: int, sampling: SamplingParams):
     """The decode loop over this shard's slots (all slots on a mesh without a sharded data axis)."""
@@ -362,7 +332,7 @@ class Engine:
       forcing = phrase_end = answering = jnp.zeros_like(act)
       tok, force_B, answer_left, interrupted = sampled_B, st.force_B, st.answer_left_B, st.interrupted_B
     sampled = act & ~forcing
-    recent = jnp.where(act[:, None], jnp.concatenate([st.recent_BM[:, 1:], tok[:, None]], axis=1), st.recent_BM)
+    recent = jnp.where(act[:, None], jnp.concatenate([st.recent_BW[:, 1:], tok[:, None]], axis=1), st.recent_BW)
     think_done = st.think_done_B | phrase_end
     if self.interrupt and self.end_marker_ids:
       marker = jnp.asarray(self.end_marker_ids, jnp.int32)
@@ -377,7 +347,7 @@ class Engine:
         cache=cache, token_B=jnp.where(act, tok, st.token_B), pos_B=st.pos_B + act, n_gen_B=n_gen,
         active_B=act & ~stop & ~trunc, key_B=st.key_B, budget_B=st.budget_B, force_B=force_B,
         think_done_B=think_done, interrupted_B=interrupted, answer_left_B=answer_left,
-        truncated_B=st.truncated_B | trunc, recent_BM=recent)
+        truncated_B=st.truncated_B | trunc, recent_BW=recent)
     flags = act * StepResults.VALID + forcing * StepResults.FORCED
     cols = (jnp.stack([tok, jnp.where(forcing, -1, version), flags], axis=1), jnp.where(forcing, 0.0, logp_B))
     return new, cols

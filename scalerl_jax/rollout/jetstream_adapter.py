@@ -16,13 +16,16 @@ PyPI's google-jetstream 0.2.2 is archived upstream and needs containment, each p
 
 JetStream's Driver reads params once per thread and generates one token per call: serving only, no in-flight
 updates (use `RolloutDriver` for RL). Its `prefill` pads prompts to buckets 16, 32, 64, ... capped at
-`max_prefill_length`, which must itself be one of them.
+`max_prefill_length`, which must itself be one of them. Its single-prompt prefill and single-slot insert live
+here, built from the engine's building blocks (the same ones as the engine's fused `prefill_insert`), so the
+core engine carries only what the RL driver calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import itertools
 import logging
@@ -140,18 +143,25 @@ class JetStreamEngine(engine_api.Engine):
     self._engine, self._tokenizer, self._params = engine, tokenizer, params
     self._sampling, self._version = sampling, version
     self._uids = itertools.count()  # distinct sample keys per request
+    self._base_key = jax.random.key(0)
+    self._prefill = jax.jit(engine.prefill_rows)
+    self._insert = jax.jit(functools.partial(engine.over_slots, engine.insert_rows), donate_argnums=(0,))
 
   def load_params(self, *args, **kwargs) -> Any:
     return self._params
 
   def prefill(self, *, params: Any, existing_prefix: Optional[Prefix] = None, padded_tokens: jax.Array,
               true_length: int) -> Prefix:
+    """One prompt, re-padded to the engine's bucket: a one-row Prefix."""
     if existing_prefix is not None:
       raise NotImplementedError("multi-turn prefixes are not supported")
-    return self._engine.prefill(params, np.asarray(padded_tokens), true_length)
+    tokens = np.asarray(padded_tokens, np.int32).reshape(-1)[:true_length]
+    return self._prefill(params, *self._engine.pad_prompts([tokens]))
 
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
-    return self._engine.insert(prefix, decode_state, slot, uid=next(self._uids))
+    """The prefix's row into `slot`, as sample 0 of a fresh uid (its keys derive from it); the state is donated."""
+    plan_4M = self._engine.pad_inserts(rows=[0], slots=[slot], uids=[next(self._uids)], samples=[0])
+    return self._insert(decode_state, prefix, plan_4M, self._base_key)
 
   def generate(self, params: Any, decode_state: DecodeState):
     state, res = self._engine.generate(params, decode_state, self._version, 1, self._sampling)
@@ -173,7 +183,7 @@ class JetStreamEngine(engine_api.Engine):
 
   @property
   def max_concurrent_decodes(self) -> int:
-    return self._engine.max_concurrent_decodes
+    return self._engine.cfg.max_slots
 
   @property
   def samples_per_slot(self) -> int:
@@ -181,7 +191,7 @@ class JetStreamEngine(engine_api.Engine):
 
   @property
   def max_prefill_length(self) -> int:
-    return self._engine.max_prefill_length
+    return self._engine.cfg.max_prefill_len
 
   @property
   def mesh(self) -> jax.sharding.Mesh:
