@@ -1,4 +1,5 @@
-"""Dense policy: causality, KV-cache decode == full forward, parameter count, fp32 LM head, shared-prompt log-probs."""
+"""Dense policy: causality, KV-cache decode == full forward, parameter count, fp32 LM head, shared-prompt log-probs;
+family dispatch."""
 
 import dataclasses
 
@@ -8,8 +9,9 @@ import numpy as np
 import pytest
 
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.model import Policy, completion_logprobs, param_count, token_logprobs
-from scalerl_jax.model.transformer import rope_angles
+from scalerl_jax.model import Policy, completion_logprobs, flops_per_token, make_policy, param_count, token_logprobs
+from scalerl_jax.model import transformer
+from scalerl_jax.model.layers import rope_angles
 
 CFG = ModelConfig(vocab_size=40, hidden=32, intermediate=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                   qk_norm=True, tie_embeddings=False, max_seq_len=24, rope_theta=500.0)
@@ -26,6 +28,19 @@ def test_param_count_matches_tree(policy_params):
   assert sum(x.size for x in jax.tree.leaves(params)) == param_count(CFG)
   tied = dataclasses.replace(CFG, tie_embeddings=True, qk_norm=False)
   assert sum(x.size for x in jax.tree.leaves(Policy(tied).param_shapes)) == param_count(tied)
+
+
+def test_make_policy_dispatches_on_family(policy_params):
+  policy, _ = policy_params
+  made = make_policy(CFG)
+  assert isinstance(made, Policy) and made.decoder is transformer.Transformer
+  assert made.param_shapes == policy.param_shapes
+  assert flops_per_token(CFG, 10, backward=True) == 3 * transformer.flops_per_token(CFG, 10) > 0
+  moe = dataclasses.replace(CFG)
+  object.__setattr__(moe, "family", "moe")  # config validation refuses it at construction; test the model's check
+  for build in (make_policy, Policy, param_count, lambda c: flops_per_token(c, 10)):
+    with pytest.raises(ValueError, match="model.family='moe'"):
+      build(moe)
 
 
 def test_causality_gradient_is_exactly_zero(policy_params):

@@ -1,31 +1,58 @@
-"""The functional face of the policy: params as a plain nested dict, pure functions over it.
+"""The functional face of the policy: params as a plain nested dict, pure functions over it, one face for every
+model family.
 
-The trainer and the rollout engine both use `Policy`: params are passed explicitly on every call, so a weight
-swap is passing a new pytree with the same shapes and shardings (no recompilation). `token_logprobs` is the one
-function from (params, tokens) to per-token log-probabilities used on both sides.
+The trainer and the rollout engine both use `Policy` (build it with `make_policy(cfg)`): params are passed
+explicitly on every call, so a weight swap is passing a new pytree with the same shapes and shardings (no
+recompilation). `token_logprobs` is the one function from (params, tokens) to per-token log-probabilities used on
+both sides. `model.family` picks the decoder module and its analytic costs from one table (`family_of`).
+
+Array names carry their shape as a suffix; the letters are the package legend in `scalerl_jax/types.py` (here: P
+prompts, G samples per prompt, B = P*G rows, T row tokens, L prompt width, N completion tokens, D hidden, V vocab).
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Optional
+import dataclasses
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.model.transformer import LayerCache, SharedPrefix, Transformer, _dtype
+from scalerl_jax.model import transformer
+from scalerl_jax.model.layers import LayerCache, SharedPrefix, dtype_of
 
 Params = Any  # nested dict of arrays
 
 
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """What a model family supplies. `decoder(cfg, rngs)` is an nnx module whose params carry `logical_axes`, with
+  `__call__(tokens_BT, positions_BT, cache, prefix) -> (h_BTD, [LayerCache] per layer)` and `logits(h_BTD)`."""
+  decoder: Callable[[ModelConfig, nnx.Rngs], nnx.Module]
+  param_count: Callable[[ModelConfig], int]  # analytic, equals the initialised tree's size
+  flops_per_token: Callable[[ModelConfig, int, bool], float]  # (cfg, context, backward) -> matmul FLOPs
+
+
+_FAMILIES = {"dense": Family(transformer.Transformer, transformer.param_count, transformer.flops_per_token)}
+
+
+def family_of(cfg: ModelConfig) -> Family:
+  """The family `cfg.family` names; ValueError naming `model.family` when there is none."""
+  if cfg.family not in _FAMILIES:
+    raise ValueError(f"model.family={cfg.family!r} is not a model family (known: {', '.join(sorted(_FAMILIES))})")
+  return _FAMILIES[cfg.family]
+
+
 class Policy:
-  """Stateless wrapper: `init`, `forward`, `logits`, `init_cache`, plus the param tree's logical axes."""
+  """Stateless wrapper around `cfg.family`'s decoder: `init`, `forward`, `logits`, `init_cache`, plus the param
+  tree's logical axes."""
 
   def __init__(self, cfg: ModelConfig):
     self.cfg = cfg
-    abstract = nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(0)))
+    self.decoder = family_of(cfg).decoder
+    abstract = nnx.eval_shape(lambda: self.decoder(cfg, nnx.Rngs(0)))
     self.graphdef, abstract_state = nnx.split(abstract)
     self._state_treedef = jax.tree.structure(abstract_state)
     self.param_shapes = nnx.to_pure_dict(abstract_state)  # ShapeDtypeStructs
@@ -37,9 +64,9 @@ class Policy:
   def init(self, seed: int | jax.Array) -> Params:
     """Fresh params. Pure: wrap in jit with out_shardings so nothing is materialised unsharded."""
     key = seed if isinstance(seed, jax.Array) else jax.random.key(seed)
-    return nnx.to_pure_dict(nnx.state(Transformer(self.cfg, nnx.Rngs(params=key))))
+    return nnx.to_pure_dict(nnx.state(self.decoder(self.cfg, nnx.Rngs(params=key))))
 
-  def module(self, params: Params) -> Transformer:
+  def module(self, params: Params) -> nnx.Module:
     if jax.tree.structure(params) != self._params_treedef:
       raise ValueError("params do not match this model's structure: "
                        f"expected {self._params_treedef}, got {jax.tree.structure(params)}")
@@ -59,7 +86,7 @@ class Policy:
 
   def init_cache(self, batch: int, length: int) -> list[LayerCache]:
     c = self.cfg
-    zeros = lambda *shape: jnp.zeros((batch, c.num_kv_heads) + shape, _dtype(c.dtype))
+    zeros = lambda *shape: jnp.zeros((batch, c.num_kv_heads) + shape, dtype_of(c.dtype))
     return [LayerCache(zeros(c.head_dim, length), zeros(length, c.head_dim)) for _ in range(c.num_layers)]
 
 
@@ -124,28 +151,19 @@ def next_token_loss(policy: Policy, params: Params, tokens_BT, weights_BT):
   return -jnp.sum(logp_BT * weights_BT), {"tokens": jnp.sum(weights_BT > 0)}
 
 
+def make_policy(cfg: ModelConfig) -> Policy:
+  """The policy of `cfg.family` (ValueError naming `model.family` when unknown). Every family shares `Policy`'s
+  face today; a family whose face differs (say a forward that also returns router losses) returns its own class
+  here, so callers build policies with this and never name a family."""
+  return Policy(cfg)
+
+
 def param_count(cfg: ModelConfig) -> int:
-  """Analytic parameter count (equals the initialised tree's size; checked in tests)."""
-  D, F, N, K, H, V, L = (cfg.hidden, cfg.intermediate, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                         cfg.vocab_size, cfg.num_layers)
-  attn = D * N * H + 2 * D * K * H + N * H * D + (2 * H if cfg.qk_norm else 0)
-  block = attn + 3 * D * F + 2 * D
-  return V * D + L * block + D + (0 if cfg.tie_embeddings else D * V)
+  """Analytic parameter count of `cfg.family` (equals the initialised tree's size; checked in tests)."""
+  return family_of(cfg).param_count(cfg)
 
 
 def flops_per_token(cfg: ModelConfig, context: int, backward: bool = False) -> float:
-  """Analytic matmul FLOPs for one token attending to `context` earlier positions.
-
-  forward = 2 * (matmul params, LM head included) + 4 * L * N * H * context (QK^T and PV);
-  forward + backward = 3x forward.
-  """
-  D, F, N, K, H, V, L = (cfg.hidden, cfg.intermediate, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                         cfg.vocab_size, cfg.num_layers)
-  matmul_params = L * (D * N * H + 2 * D * K * H + N * H * D + 3 * D * F) + D * V
-  fwd = 2.0 * matmul_params + 4.0 * L * N * H * context
-  return 3.0 * fwd if backward else fwd
-
-
-@functools.lru_cache(maxsize=None)
-def policy_for(cfg: ModelConfig) -> Policy:
-  return Policy(cfg)
+  """Analytic matmul FLOPs of `cfg.family` for one token attending to `context` earlier positions (forward, or
+  forward + backward)."""
+  return family_of(cfg).flops_per_token(cfg, context, backward)
