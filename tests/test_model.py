@@ -1,5 +1,5 @@
 """Dense policy: causality, KV-cache decode == full forward, parameter count, fp32 LM head, shared-prompt log-probs;
-family dispatch."""
+family dispatch; params round-trip through safetensors."""
 
 import dataclasses
 
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.model import Policy, completion_logprobs, flops_per_token, make_policy, param_count, token_logprobs
+from scalerl_jax.model import (Policy, completion_logprobs, flatten_params, flops_per_token, load_params, make_policy,
+                               param_count, save_params, token_logprobs, unflatten_params)
 from scalerl_jax.model import transformer
 from scalerl_jax.model.layers import rope_angles
 
@@ -41,6 +42,21 @@ def test_make_policy_dispatches_on_family(policy_params):
   for build in (make_policy, Policy, param_count, lambda c: flops_per_token(c, 10)):
     with pytest.raises(ValueError, match="model.family='moe'"):
       build(moe)
+
+
+def test_params_round_trip_through_safetensors(policy_params, tmp_path):
+  policy, params = policy_params
+  save_params(params, tmp_path / "p.safetensors")
+  loaded = load_params(policy, tmp_path / "p.safetensors")
+  assert jax.tree.structure(loaded) == jax.tree.structure(params)
+  for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(params)):
+    assert isinstance(a, np.ndarray) and a.dtype == b.dtype
+    np.testing.assert_array_equal(a, np.asarray(b))
+  flat = flatten_params(params)
+  assert "['blocks'][0]['attn']['q']" in flat
+  del flat["['embed']"], flat["['lm_head']"]
+  with pytest.raises(ValueError, match=r"lack 2 of the model's .* keys: \['embed'\], \['lm_head'\]"):
+    unflatten_params(policy, flat)
 
 
 def test_causality_gradient_is_exactly_zero(policy_params):

@@ -24,11 +24,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors.numpy import load_file, save_file
 
 from scalerl_jax.config import RunConfig
 from scalerl_jax.mesh import batch_sharding
-from scalerl_jax.model import Policy, next_token_loss, token_logprobs
+from scalerl_jax.model import Policy, load_params, next_token_loss, save_params, token_logprobs
 from scalerl_jax.train.state import init_train_state, make_optimizer, state_shardings
 from scalerl_jax.train.step import make_train_step
 
@@ -44,19 +43,6 @@ def cache_path(cfg: RunConfig, task) -> pathlib.Path:
          "rollout": [cfg.rollout.max_prefill_len, cfg.rollout.max_new_tokens], "eval_samples": cfg.pipeline.eval_samples}
   digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
   return pathlib.Path(cfg.warm_start.cache_dir).expanduser() / f"{cfg.data.task}-{digest}.safetensors"
-
-
-def _flatten(params: Any) -> dict[str, np.ndarray]:
-  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-  return {jax.tree_util.keystr(path): np.asarray(x) for path, x in leaves}
-
-
-def _unflatten(policy: Policy, flat: dict[str, np.ndarray]) -> Any:
-  paths = jax.tree_util.tree_flatten_with_path(policy.param_shapes)[0]
-  missing = [jax.tree_util.keystr(p) for p, _ in paths if jax.tree_util.keystr(p) not in flat]
-  if missing:
-    raise ValueError(f"warm-start cache lacks {missing[:3]}...")
-  return jax.tree.unflatten(jax.tree.structure(policy.param_shapes), [flat[jax.tree_util.keystr(p)] for p, _ in paths])
 
 
 def supervised_rows(prompts_tokens: list[list[int]], solutions: list[list[int]], row_len: int, pad_id: int):
@@ -93,7 +79,7 @@ def warm_start(cfg: RunConfig, policy: Policy, mesh, rules, task, tokenizer,
   """Params after the supervised warm start (from the cache when present) and a summary dict."""
   path = cache_path(cfg, task)
   if path.exists():
-    params = _unflatten(policy, load_file(str(path)))
+    params = load_params(policy, path)
     return params, {"warm_start/cached": 1.0, "warm_start/path": str(path)}
 
   ws = cfg.warm_start
@@ -136,7 +122,7 @@ def warm_start(cfg: RunConfig, policy: Policy, mesh, rules, task, tokenizer,
   params = jax.device_get(state.params)
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_suffix(".tmp")
-  save_file(_flatten(params), str(tmp))
+  save_params(params, tmp)
   tmp.replace(path)
   return params, {"warm_start/cached": 0.0, "warm_start/steps": step, "warm_start/pass_rate": pass_rate,
                   "warm_start/seconds": time.perf_counter() - t0, "warm_start/path": str(path)}
