@@ -13,6 +13,7 @@ XLA's sharding propagation from the parameter and batch shardings (GSPMD) places
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Mapping, Optional, Sequence
 
@@ -20,6 +21,8 @@ import jax
 import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from scalerl_jax.errors import UserError
 
 TRAIN_AXES = ("data", "fsdp", "tensor", "expert")
 ROLLOUT_AXES = ("data", "tensor", "expert")
@@ -36,21 +39,30 @@ TRAIN_RULES: Mapping[str, Any] = {
     "norm": None,
     "expert": "expert",
 }
-ROLLOUT_RULES: Mapping[str, Any] = {
-    "batch": "data",
-    "vocab": "tensor",
-    "embed": None,
-    "heads": "tensor",
-    "kv_heads": "tensor",
-    "head_dim": None,
-    "mlp": "tensor",
-    "norm": None,
-    "expert": "expert",
-}
+# The rollout layout is the training layout without FSDP: generators hold whole layers (no all-gather per decode
+# step) and shard decode slots over "data" only.
+ROLLOUT_RULES: Mapping[str, Any] = {**TRAIN_RULES, "batch": "data", "embed": None}
 
 
-class MeshError(ValueError):
-  pass
+class MeshError(UserError, ValueError):
+  """A --mesh spec or device split that cannot be built; the message names the key and the devices."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """A mesh and the rule table that maps logical axes onto it: everything needed to place params and batches."""
+  mesh: Mesh
+  rules: Mapping[str, Any]
+
+  @property
+  def devices(self) -> list:
+    return list(self.mesh.devices.flat)
+
+  def shardings(self, axes_tree: Any, shapes_tree: Any) -> Any:
+    return logical_to_sharding(axes_tree, shapes_tree, self.mesh, self.rules)
+
+  def batch(self, ndim: int, batch_size: Optional[int] = None) -> NamedSharding:
+    return batch_sharding(self.mesh, self.rules, ndim, batch_size)
 
 
 def parse_mesh_spec(spec: str, num_devices: int, allowed: Sequence[str] = TRAIN_AXES) -> dict[str, int]:

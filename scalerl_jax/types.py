@@ -1,10 +1,21 @@
-"""Typed, frozen records at the stage boundaries of the data flow.
+"""The spine of the data flow: one frozen record per stage boundary, and the one shape legend of the package.
 
-    prompts (data) ──PromptBatch──► rollout engine ──Rollout(s)──► rewards/filters ──TrainBatch──► train step
+    data.PromptStream ──Prompt──► rollout.RolloutDriver ──RolloutGroup──► rewards.RewardRunner ──ScoredGroup──►
+    ScoredBatch (the P groups of one step) ──pipeline.batching──► PackedRows ──rl.prepare──► TrainBatch
+    ──train step──► StepRecord (metrics, read one step late)
 
-Shape legend (used in field comments and in array names across the package):
-  P prompts in a step, G samples per prompt, B = P*G sample rows, T tokens per row (prompt + completion,
-  right-padded), L prompt length, N new tokens.
+Shape legend (array names carry their shape as a suffix, `x_BTD`; einsum strings use the same letters):
+  P  prompts: the groups of one step, or the prompts of one prefill call
+  G  samples per prompt (group size)
+  B  rows: P * G sample rows of a step, or the decode slots of the engine
+  T  tokens of a row (prompt + completion, right-padded), or query tokens of one forward call
+  L  prompt tokens (Lb: a prefill bucket's width)
+  N  new tokens: a completion, or the decode steps of one generate call
+  S  key/value positions (cache length)
+  M  inserts in one prefill-insert call
+  D  hidden       F  MLP width      V  vocabulary    E  experts
+  Q  query heads  K  key/value heads  R = Q // K query heads per key/value head   H  head dim (independent of D/Q)
+Local letters (a merged batch inside one function, say) are defined where they are used.
 
 Token alignment: in a row, `tokens[t]` is predicted from `tokens[:t]`. Every per-token array of a TrainBatch is
 aligned with `tokens`: `gen_logprobs[b, t]` is the sampler's log-probability of `tokens[b, t]`, and `loss_mask[b, t]`
@@ -40,16 +51,51 @@ class Sample:
   forced: np.ndarray  # bool[N] True for tokens inserted by forced interruption (no loss)
   truncated: bool  # ran out of budget without a stop token
   interrupted: bool  # the thinking budget was hit and the phrase inserted
-  text: str = ""  # decoded completion (filled by the caller that owns the tokenizer)
 
 
 @dataclasses.dataclass(frozen=True)
-class Group:
-  """The G samples of one prompt, scored."""
+class RolloutGroup:
+  """All G samples of one prompt, unscored (rewards come next)."""
+  prompt: Prompt
+  samples: tuple[Sample, ...]  # G samples, in sample-index order
+  uid: int = -1  # admission number within its driver (submission order; keys the samples' random streams)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoredGroup:
+  """The G samples of one prompt with their rewards, scored once: `success` serves both the advantages' filters
+  and No-Positive-Resampling."""
   prompt: Prompt
   samples: tuple[Sample, ...]
-  rewards: np.ndarray  # float32[G]
+  rewards: np.ndarray  # float32[G] on the configured reward scale
+  success: np.ndarray  # bool[G] reward above the middle of the scale (rewards.is_success)
   reward_failures: int = 0  # reward calls that raised or timed out (scored with the failure reward)
+
+  @property
+  def pass_rate(self) -> float:
+    return float(np.mean(self.success))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoredBatch:
+  """The P scored groups of batch `index`, in data order; consumed by optimizer step `index`."""
+  index: int
+  groups: tuple[ScoredGroup, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedRows:
+  """A step's groups as prompt-major host arrays (row b = p * G + g), before advantages are computed."""
+  prompt_ids: tuple[str, ...]  # [P]
+  tokens_BT: np.ndarray  # int32 prompt + completion, right-padded with the pad id
+  loss_mask_BT: np.ndarray  # float32 1 on sampled completion tokens (forced ones excluded)
+  gen_logprobs_BT: np.ndarray  # float32 sampler log-probs aligned with tokens
+  versions_BT: np.ndarray  # int32 policy version per token (-1 where none); host-side only (lag metrics)
+  prompt_lengths_B: np.ndarray  # int32
+  rewards_PG: np.ndarray  # float32
+  success_PG: np.ndarray  # bool
+  truncated_PG: np.ndarray  # bool
+  lengths_PG: np.ndarray  # int32 completion tokens
 
 
 @jax.tree_util.register_dataclass
@@ -62,6 +108,58 @@ class TrainBatch:
   advantages: Any  # float32[B]
   token_weights: Any  # float32[B, T] aggregation weights: loss = sum(token_weights * per_token_loss)
   sample_weights: Any  # float32[B] sequence-level aggregation weights (GSPO): loss = sum(w_b * seq_loss_b)
-  versions: Any  # int32[B, T] policy version per token (-1 where none)
+  prompt_lengths: Any = None  # int32[B] prompt tokens at the start of each row (shared-prompt trainer)
   ref_logprobs: Optional[Any] = None  # float32[B, T], only when a KL penalty is on
-  prompt_lengths: Optional[Any] = None  # int32[B] prompt tokens at the start of each row (shared-prompt trainer)
+
+  # Which fields are per row [B] and which per token [B, T] (the layout every builder below follows).
+  ROW_FIELDS = ("advantages", "sample_weights", "prompt_lengths")
+  TOKEN_FIELDS = ("tokens", "loss_mask", "gen_logprobs", "token_weights")
+  DTYPES = {"tokens": np.int32, "prompt_lengths": np.int32}  # float32 otherwise
+
+  @classmethod
+  def of(cls, rows: Any, tokens: Any) -> "TrainBatch":
+    """The batch whose row fields are `rows` and whose token fields are `tokens` (shardings, specs, ...)."""
+    return cls(**{f: rows for f in cls.ROW_FIELDS}, **{f: tokens for f in cls.TOKEN_FIELDS})
+
+  @classmethod
+  def abstract(cls, B: int, T: int, shardings: Optional["TrainBatch"] = None) -> "TrainBatch":
+    """ShapeDtypeStructs of a [B, T] batch (with `shardings`, a TrainBatch of shardings, attached)."""
+    def spec(name: str):
+      shape = (B,) if name in cls.ROW_FIELDS else (B, T)
+      sh = None if shardings is None else getattr(shardings, name)
+      return jax.ShapeDtypeStruct(shape, cls.DTYPES.get(name, np.float32), sharding=sh)
+    return cls(**{f: spec(f) for f in cls.ROW_FIELDS + cls.TOKEN_FIELDS})
+
+
+@dataclasses.dataclass(frozen=True)
+class StepShapes:
+  """The shapes of one RL step on this process, derived once from the config (see `from_config`)."""
+  P: int  # prompts per step on this process
+  G: int  # samples per prompt
+  L: int  # prompt width (rollout.max_prefill_len)
+  N: int  # completion width (rollout.max_new_tokens)
+
+  @property
+  def B(self) -> int:
+    return self.P * self.G
+
+  @property
+  def T(self) -> int:
+    return self.L + self.N
+
+  @classmethod
+  def from_config(cls, cfg, process_count: int = 1) -> "StepShapes":
+    return cls(P=cfg.data.prompts_per_step // process_count, G=cfg.data.samples_per_prompt,
+               L=cfg.rollout.max_prefill_len, N=cfg.rollout.max_new_tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+  """What one optimizer step leaves to be logged; its device metrics are read one step late, so the host never
+  waits for the step it just dispatched."""
+  step: int  # the optimizer step (its params become version step + 1)
+  device_metrics: Any  # dict of device scalars (sums from rl.policy_loss, grad/update norms)
+  host_metrics: dict  # already-final host numbers, keyed `group/name`
+  train_tokens_per_s: float
+  step_s: float  # wall time of the step, trainer wait included
+  wait_s: float  # of which the trainer waited for its batch

@@ -10,7 +10,7 @@ import sys
 import time
 
 from scalerl_jax.data.npr import NPRState
-from scalerl_jax.data.pipeline import PromptPipeline
+from scalerl_jax.data.prompt_stream import PromptStream
 from scalerl_jax.data.tasks import make_task
 from scalerl_jax.data.tokenizer import make_tokenizer
 from tests.pipeline_helpers import TINY, tiny_config
@@ -26,6 +26,7 @@ def _command(run_dir):
 def _env():
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device: the colocated default
   env["PYTHONUNBUFFERED"] = "1"
+  env["PYTHONPATH"] = str(ROOT)  # the reward function lives in tests/ (user code on the user's path)
   return env
 
 
@@ -55,7 +56,7 @@ def _kill_when(proc, condition, timeout=240):
 def _expected_prompt_order(run_dir):
   cfg = tiny_config(run_dir)
   task = make_task(cfg.data)
-  pipe = PromptPipeline(task.train_records(), cfg.data, make_tokenizer(cfg.data), cfg.rollout.max_prefill_len,
+  pipe = PromptStream(task.train_records(), cfg.data, make_tokenizer(cfg.data), cfg.rollout.max_prefill_len,
                         npr=NPRState(cfg.data.npr))
   return [[p.prompt_id for p in pipe.next_batch()] for _ in range(STEPS)]
 

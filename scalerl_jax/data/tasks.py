@@ -45,7 +45,7 @@ from typing import Callable
 import numpy as np
 
 from scalerl_jax.data import arith
-from scalerl_jax.data.rewards import exact_match_reward, final_answer, math_verify_reward
+from scalerl_jax.rewards import exact_match_reward, final_answer, math_verify_reward
 from scalerl_jax.data.sources import DataError, Record, read_records
 from scalerl_jax.data.tokenizer import END_MARKER, EOS_CHAR
 

@@ -16,15 +16,11 @@
 The one staleness number is k = pipeline.max_lag. Batch b is the b-th group of `prompts_per_step` prompts in
 data order and is consumed by optimizer step b, which turns params of version b into version b + 1.
 
-Ordering contract of weight sync:
-  1. the trainer finishes step s and copies the new params into the generator's layout (a fresh buffer: the
-     train state is donated to the next step);
-  2. it publishes (params, s + 1) to the WeightBox; the generator picks it up before its next decode chunk, so
-     every token generated from then on records version s + 1. In-flight sequences continue on the new params
-     with the KV cache their earlier tokens got from older params (PipelineRL); nothing is drained or recomputed;
-  3. admission: PipelineRL-k admits batch b only while v_gen >= b - k. Versions only grow, so every token of
-     batch b has version >= b - k when step b consumes it: the bound holds by construction and no finished work
-     is ever thrown away. The trainer still checks it and fails loudly if it were ever violated.
+Weight sync (copy into the rollout layout, publish, what a generator sees) has its own module and ordering
+contract: scalerl_jax/pipeline/weight_sync.py. Admission is this module's part:
+  PipelineRL-k admits batch b only while v_gen >= b - k. Versions only grow, so every token of batch b has
+  version >= b - k when step b consumes it: the bound holds by construction and no finished work is ever thrown
+  away. The trainer still checks it and fails loudly if it were ever violated.
   PPO-off-policy-k admits batch b only once v_gen >= floor(b / k) * k and publishes weights only every k steps:
   k batches are generated with frozen params, then k optimizer steps are taken.
   k = 0 is the synchronous loop: batch b is generated entirely by params of version b.
@@ -43,6 +39,7 @@ import traceback
 from typing import Any, Callable, Optional, Sequence
 
 from scalerl_jax import types
+from scalerl_jax.pipeline.weight_sync import WeightBox
 
 
 class PipelineError(RuntimeError):
@@ -74,47 +71,25 @@ class AdmissionPolicy:
     return step - self.k
 
 
-class WeightBox:
-  """The latest published (params, version); the generator reads it between decode chunks."""
-
-  def __init__(self, params: Any, version: int):
-    self._cond = threading.Condition()
-    self._params, self._version = params, version
-
-  def publish(self, params: Any, version: int) -> None:
-    with self._cond:
-      self._params, self._version = params, version
-      self._cond.notify_all()
-
-  def latest(self) -> tuple[Any, int]:
-    with self._cond:
-      return self._params, self._version
-
-  def wait_newer(self, version: int, timeout: float) -> None:
-    with self._cond:
-      self._cond.wait_for(lambda: self._version > version, timeout=timeout)
-
-
-@dataclasses.dataclass
-class ScoredBatch:
-  index: int
-  groups: list[types.Group]
-
-
 class BatchBuffer:
   """Completed batches by index; `get(b)` waits for batch b, polling the stop event."""
 
   def __init__(self, stop: threading.Event):
     self._cond = threading.Condition()
-    self._batches: dict[int, ScoredBatch] = {}
+    self._batches: dict[int, types.ScoredBatch] = {}
     self._stop = stop
 
-  def put(self, batch: ScoredBatch) -> None:
+  def put(self, batch: types.ScoredBatch) -> None:
     with self._cond:
       self._batches[batch.index] = batch
       self._cond.notify_all()
 
-  def get(self, index: int, poll: float = 0.1) -> Optional[ScoredBatch]:
+  def ready(self, index: int) -> bool:
+    """Whether batch `index` is complete and not yet taken."""
+    with self._cond:
+      return index in self._batches
+
+  def get(self, index: int, poll: float = 0.1) -> Optional[types.ScoredBatch]:
     with self._cond:
       while index not in self._batches:
         if self._stop.is_set():
@@ -136,7 +111,7 @@ class GeneratorThread(threading.Thread):
   """Streams batches [start, end) through the rollout driver; see the module docstring."""
 
   def __init__(self, *, driver, next_prompts: Callable[[int], Sequence[types.Prompt]],
-               score: Callable[[list], list[types.Group]], weights: WeightBox, policy: AdmissionPolicy, samples: int,
+               score: Callable[[list], list[types.ScoredGroup]], weights: WeightBox, policy: AdmissionPolicy, samples: int,
                start: int, end: int, out: BatchBuffer, stop: threading.Event):
     super().__init__(name="generator", daemon=True)
     self.driver, self.next_prompts, self.score = driver, next_prompts, score
@@ -185,11 +160,11 @@ class GeneratorThread(threading.Thread):
         b, pos = where.pop(rollout_group.uid)
         pending[b][pos] = group
         if all(g is not None for g in pending[b]):
-          self.out.put(ScoredBatch(b, pending.pop(b)))
+          self.out.put(types.ScoredBatch(b, tuple(pending.pop(b))))
       stats.busy_s += time.perf_counter() - t
 
 
-def run_pipeline(*, generator: GeneratorThread, consume: Callable[[ScoredBatch], bool], start: int, end: int,
+def run_pipeline(*, generator: GeneratorThread, consume: Callable[[types.ScoredBatch], bool], start: int, end: int,
                  interrupted: Callable[[], bool], join_timeout: float = 30.0) -> int:
   """Runs the generator thread and feeds batches start..end-1 to `consume` on this thread in order.
 
@@ -217,3 +192,20 @@ def run_pipeline(*, generator: GeneratorThread, consume: Callable[[ScoredBatch],
   if generator.is_alive():
     raise PipelineError(f"generator thread did not stop within {join_timeout:.0f} s")
   return done
+
+
+def run_synchronous(*, driver, next_prompts: Callable[[int], Sequence[types.Prompt]],
+                    score: Callable[[list], list[types.ScoredGroup]], weights: WeightBox, samples: int, start: int,
+                    end: int, consume: Callable[[types.ScoredBatch], bool]) -> None:
+  """The reference loop, no threads: batch s is generated entirely by the params of version s, then step s trains
+  on it. PipelineRL-0 (`run_pipeline` with k = 0) must equal it bit for bit."""
+  for step in range(start, end):
+    params, version = weights.latest()
+    uids = {driver.submit(prompt, samples): pos for pos, prompt in enumerate(next_prompts(step))}
+    groups: list = [None] * len(uids)
+    while driver.busy or driver.queued_prompts:
+      finished = driver.step(params, version)
+      for rollout_group, group in zip(finished, score(finished)):
+        groups[uids[rollout_group.uid]] = group
+    if not consume(types.ScoredBatch(step, tuple(groups))):
+      return

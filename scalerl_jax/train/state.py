@@ -65,3 +65,11 @@ def init_train_state(policy: Policy, optimizer: optax.GradientTransformation, me
     return jax.jit(lambda key: from_params(policy.init(key)), out_shardings=shardings)(jax.random.key(seed))
   params = jax.device_put(params, shardings.params)
   return jax.jit(from_params, out_shardings=shardings)(params)
+
+
+def restore_target(policy: Policy, optimizer: optax.GradientTransformation, shardings: TrainState) -> TrainState:
+  """The abstract TrainState (ShapeDtypeStructs carrying `shardings`) a checkpoint is restored into, shard by
+  shard, without materialising anything first."""
+  abstract = jax.eval_shape(lambda: TrainState(policy.param_shapes, optimizer.init(policy.param_shapes),
+                                               jnp.zeros((), jnp.int32)))
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)

@@ -3,7 +3,7 @@
 import json
 import logging
 
-from scalerl_jax.pipeline.metrics import MetricsLogger
+from scalerl_jax.pipeline.sinks import MetricsLogger
 from scalerl_jax.scaling.io import _read_events
 
 

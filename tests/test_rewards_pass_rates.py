@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from scalerl_jax.data.evaluation import (eval_metrics, is_success, mean_at_n, pass_at_k, pass_at_k_per_prompt,
+from scalerl_jax.rewards.pass_rates import (eval_metrics, is_success, mean_at_n, pass_at_k, pass_at_k_per_prompt,
                                          success_counts)
 
 CORRECT_PN = np.array([[1, 1, 1, 1], [1, 0, 0, 0], [0, 0, 0, 0]], bool)

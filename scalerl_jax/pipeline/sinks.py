@@ -1,4 +1,4 @@
-"""Metrics sinks (metrics.jsonl + tensorboardX) and compute accounting.
+"""Metric sinks: metrics.jsonl (+ tensorboardX) and the consumed-prompt log.
 
 metrics.jsonl holds one JSON object per optimizer step (and one for the step-0 evaluation); keys are
 `group/name`. The curve fit reads `compute/accelerator_seconds` or `compute/flops` against `eval/pass_rate`.
@@ -75,52 +75,24 @@ def _tb_name(key: str) -> str:
   return key.replace("@", "_at_")
 
 
-class ComputeMeter:
-  """Cumulative compute: accelerator-seconds = wall time of the RL loop (evaluation and checkpointing excluded)
-  x devices, split between generator and trainer meshes (by busy time when they share devices); analytic FLOPs
-  of generation (forward) and training (forward + backward)."""
+class ProgressBar:
+  """tqdm over the RL steps, showing the latest reward and held-out pass rate (nothing when disabled)."""
 
-  def __init__(self, generator_devices: int, trainer_devices: int, colocated: bool, state: Optional[dict] = None):
-    self.gen_devices, self.train_devices, self.colocated = generator_devices, trainer_devices, colocated
-    state = state or {}
-    self.wall_s = state.get("wall_s", 0.0)
-    self.gen_flops = state.get("gen_flops", 0.0)
-    self.train_flops = state.get("train_flops", 0.0)
-    self.gen_busy_s = state.get("gen_busy_s", 0.0)
-    self.train_busy_s = state.get("train_busy_s", 0.0)
-    self._mark: Optional[float] = None
-    self._excluded = 0.0
+  def __init__(self, enabled: bool, total: int, initial: int, desc: str):
+    self._bar = None
+    if enabled:
+      from tqdm.auto import tqdm
+      self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step")
 
-  def start(self) -> None:
-    self._mark, self._excluded = time.perf_counter(), 0.0
+  def update(self, metrics: dict) -> None:
+    if self._bar is None:
+      return
+    self._bar.update(1)
+    post = {"reward": f"{metrics.get('train/reward_mean', 0):.3f}"}
+    if "eval/pass_rate" in metrics:
+      post["held_out"] = f"{metrics['eval/pass_rate']:.3f}"
+    self._bar.set_postfix(post)
 
-  def exclude(self, seconds: float) -> None:
-    self._excluded += seconds
-
-  def tick(self) -> None:
-    now = time.perf_counter()
-    if self._mark is not None:
-      self.wall_s += max(now - self._mark - self._excluded, 0.0)
-    self._mark, self._excluded = now, 0.0
-
-  def state(self) -> dict:
-    return {"wall_s": self.wall_s, "gen_flops": self.gen_flops, "train_flops": self.train_flops,
-            "gen_busy_s": self.gen_busy_s, "train_busy_s": self.train_busy_s}
-
-  def metrics(self) -> dict:
-    if self.colocated:
-      total = self.wall_s * self.train_devices
-      share = self.gen_busy_s / max(self.gen_busy_s + self.train_busy_s, 1e-9)
-      gen, train = total * share, total * (1 - share)
-    else:
-      gen, train = self.wall_s * self.gen_devices, self.wall_s * self.train_devices
-    return {
-        "compute/accelerator_seconds": gen + train,
-        "compute/accelerator_hours": (gen + train) / 3600.0,
-        "compute/generator_accelerator_seconds": gen,
-        "compute/trainer_accelerator_seconds": train,
-        "compute/flops": self.gen_flops + self.train_flops,
-        "compute/generator_flops": self.gen_flops,
-        "compute/trainer_flops": self.train_flops,
-        "compute/wall_seconds": self.wall_s,
-    }
+  def close(self) -> None:
+    if self._bar is not None:
+      self._bar.close()

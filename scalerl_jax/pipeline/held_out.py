@@ -11,24 +11,22 @@ from typing import Any, Sequence
 import numpy as np
 
 from scalerl_jax import types
-from scalerl_jax.data.evaluation import eval_metrics, is_success
+from scalerl_jax.rewards.pass_rates import eval_metrics
 from scalerl_jax.rollout.sampling import GREEDY, SamplingParams
 
 
 class Evaluator:
+  """Scores params on the held-out prompts with the run's reward runner (its failures are counted there too)."""
 
-  def __init__(self, driver, tokenizer, rewards, reward_scale: str, seed: int):
-    self.driver, self.tokenizer, self.rewards = driver, tokenizer, rewards
-    self.reward_scale, self.seed = reward_scale, seed
+  def __init__(self, driver, tokenizer, rewards, seed: int):
+    self.driver, self.tokenizer, self.rewards, self.seed = driver, tokenizer, rewards, seed
 
   def correctness(self, params: Any, version: int, prompts: Sequence[types.Prompt], n: int,
                   sampling: SamplingParams) -> np.ndarray:
     """bool[P, n]: which samples of each prompt succeeded."""
     groups = self.driver.generate_all(params, version, prompts, n, sampling=sampling, seed=self.seed)
-    texts = [self.tokenizer.decode(s.tokens) for g in groups for s in g.samples]
-    answers = [g.prompt.answer for g in groups for _ in g.samples]
-    rewards, _ = self.rewards.score(texts, answers)
-    return is_success(rewards, self.reward_scale).reshape(len(prompts), n)
+    scored = self.rewards.score_groups(groups, self.tokenizer.decode)
+    return np.stack([g.success for g in scored]) if scored else np.zeros((0, n), bool)
 
   def evaluate(self, params: Any, version: int, prompts: Sequence[types.Prompt], n: int, temperature: float) -> dict:
     greedy_P1 = self.correctness(params, version, prompts, 1, GREEDY)

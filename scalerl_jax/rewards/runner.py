@@ -1,4 +1,4 @@
-"""Reward functions and the runner that makes any of them safe to call from a training run.
+"""RewardRunner: makes any reward function safe to call from a training run.
 
 A reward function is `fn(completion: str, answer: str) -> float | bool`, returning a correctness score in [0, 1].
 `RewardRunner` maps it to the configured scale (`01`: r, `pm1`: 2r - 1, the paper's +-1) and guarantees that a
@@ -16,7 +16,6 @@ and forking a process that holds a JAX runtime is unsafe; we call math-verify wi
 from __future__ import annotations
 
 import importlib
-import logging
 import math
 import threading
 import time
@@ -24,64 +23,11 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from scalerl_jax.data.tokenizer import END_MARKER, EOS_CHAR
+from scalerl_jax import types
+from scalerl_jax.config import ConfigError
+from scalerl_jax.rewards.pass_rates import is_success
 
 RewardFn = Callable[[str, str], float]
-
-
-def final_answer(completion: str, end_marker: str = END_MARKER, eos: str = EOS_CHAR) -> Optional[str]:
-  """The text after the last `end_marker`, up to the first `eos` (or the end); None without a marker."""
-  text = completion.split(eos, 1)[0] if eos else completion
-  if end_marker not in text:
-    return None
-  return text.rsplit(end_marker, 1)[1]
-
-
-def exact_match_reward(completion: str, answer: str) -> float:
-  """1 if the final answer (after the last '|', before '$') equals `answer` character for character."""
-  return float(final_answer(completion) == answer)
-
-
-class _DropTimeoutWarning(logging.Filter):
-  def filter(self, record: logging.LogRecord) -> bool:
-    return "Timeout is disabled" not in record.getMessage()
-
-
-_mv_lock = threading.Lock()
-_mv_ready = False
-
-
-def _math_verify():
-  global _mv_ready
-  import math_verify
-
-  with _mv_lock:
-    if not _mv_ready:  # math-verify warns on every call made with its timeouts off; we bound time ourselves
-      for name in ("math_verify.parser", "math_verify.grader"):
-        logging.getLogger(name).addFilter(_DropTimeoutWarning())
-      _mv_ready = True
-  return math_verify
-
-
-def math_verify_reward(completion: str, answer: str) -> float:
-  """1 if the completion's final answer (boxed, or a final-answer phrase, or the last expression) is
-  mathematically equivalent to `answer` per math-verify. Thinking up to the last `</think>` is dropped; a GSM8K
-  answer ("... #### 72") is reduced to what follows the last "####"."""
-  mv = _math_verify()
-  if "</think>" in completion:
-    completion = completion.rsplit("</think>", 1)[1]
-  gold_text = answer.rsplit("####", 1)[1].strip() if "####" in answer else answer.strip()
-  if not gold_text or not completion.strip():
-    return 0.0
-  gold = []
-  if "$" not in gold_text and "\\boxed" not in gold_text:
-    gold = mv.parse(f"${gold_text}$", parsing_timeout=None)
-  if not gold:
-    gold = mv.parse(gold_text, parsing_timeout=None)
-  pred = mv.parse(completion, parsing_timeout=None)
-  if not gold or not pred:
-    return 0.0
-  return float(mv.verify(gold, pred, timeout_seconds=None))
 
 
 def load_reward_fn(dotted: str) -> RewardFn:
@@ -90,14 +36,14 @@ def load_reward_fn(dotted: str) -> RewardFn:
   if not sep:
     module_name, _, attr = dotted.rpartition(".")
   if not module_name or not attr:
-    raise ValueError(f"data.reward_fn: {dotted!r} is not a dotted path like 'package.module.function'")
+    raise ConfigError(f"data.reward_fn: {dotted!r} is not a dotted path like 'package.module.function'")
   try:
     module = importlib.import_module(module_name)
   except ImportError as exc:
-    raise ValueError(f"data.reward_fn: cannot import module {module_name!r} ({exc})") from None
+    raise ConfigError(f"data.reward_fn: cannot import module {module_name!r} ({exc})") from None
   fn = getattr(module, attr, None)
   if not callable(fn):
-    raise ValueError(f"data.reward_fn: {module_name!r} has no function {attr!r}")
+    raise ConfigError(f"data.reward_fn: {module_name!r} has no function {attr!r}")
   return fn
 
 
@@ -134,7 +80,9 @@ class RewardRunner:
     self.timeout_s = float(timeout_s)
     self.failure_reward = float(failure_reward)
     self.scale = scale
-    # Totals since construction, for metrics.
+    # Totals since construction, for metrics. Two threads may score at once (PipelineRL's generator while the
+    # trainer evaluates): each call has its own _Batch, and the totals are updated under this lock.
+    self._totals = threading.Lock()
     self.calls = 0
     self.errors = 0
     self.timeouts = 0
@@ -196,7 +144,8 @@ class RewardRunner:
         batch.next += 1
         batch.generation += 1
         batch.started = time.monotonic()
-        self.abandoned_threads += 1
+        with self._totals:
+          self.abandoned_threads += 1
         if batch.next < n:
           self._spawn(batch, completions, answers)
     raw = np.where(batch.ok, batch.values, 0.0)
@@ -204,12 +153,29 @@ class RewardRunner:
     rewards = np.where(batch.ok, scaled, self.failure_reward).astype(np.float32)
     timeouts = int(batch.timed_out.sum())
     failures = int((~batch.ok).sum())
-    self.calls += n
-    self.timeouts += timeouts
-    self.errors += failures - timeouts
-    if batch.first_error is not None:
-      self.last_error = batch.first_error
+    with self._totals:
+      self.calls += n
+      self.timeouts += timeouts
+      self.errors += failures - timeouts
+      if batch.first_error is not None:
+        self.last_error = batch.first_error
     return rewards, ~batch.ok
+
+  def score_groups(self, groups: Sequence[types.RolloutGroup],
+                   decode: Callable[[np.ndarray], str]) -> list[types.ScoredGroup]:
+    """Every sample of these groups scored in one batch (one worker hand-off, not one per group); success is
+    decided here, once, for the advantages' filters, No-Positive-Resampling and evaluation alike."""
+    texts = [decode(s.tokens) for g in groups for s in g.samples]
+    answers = [g.prompt.answer for g in groups for _ in g.samples]
+    rewards, failed = self.score_each(texts, answers)
+    success = is_success(rewards, self.scale)
+    out, start = [], 0
+    for g in groups:
+      end = start + len(g.samples)
+      out.append(types.ScoredGroup(g.prompt, g.samples, rewards[start:end], success[start:end],
+                                   int(failed[start:end].sum())))
+      start = end
+    return out
 
   def metrics(self) -> dict[str, float]:
     return {"reward/calls": self.calls, "reward/errors": self.errors, "reward/timeouts": self.timeouts,

@@ -71,7 +71,7 @@ def _epoch_seed(seed: int, epoch: int) -> int:
   return int(np.random.SeedSequence([seed, epoch, 0x5CA1E]).generate_state(1)[0])
 
 
-class PromptPipeline:
+class PromptStream:
   """Batches of training prompts with exact resume; see the module docstring."""
 
   def __init__(self, records: Sequence[Record], cfg, tokenizer, max_prefill_len: int, *, process_index: int = 0,

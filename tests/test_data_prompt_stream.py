@@ -8,7 +8,7 @@ import pytest
 from tests.fixtures import make_fixtures
 from scalerl_jax.config import DataConfig, NPRConfig
 from scalerl_jax.data.npr import NPRState
-from scalerl_jax.data.pipeline import PromptPipeline, encode_records
+from scalerl_jax.data.prompt_stream import PromptStream, encode_records
 from scalerl_jax.data.sources import DataError, Record
 from scalerl_jax.data.tasks import AdditionTask, make_task
 from scalerl_jax.data.tokenizer import CharTokenizer, make_tokenizer
@@ -19,7 +19,7 @@ CFG = DataConfig(prompts_per_step=7, seed=3)
 
 
 def _pipe(cfg=CFG, records=RECORDS, npr=None, **kw):
-  return PromptPipeline(records, cfg, CharTokenizer(), 16, npr=npr, **kw)
+  return PromptStream(records, cfg, CharTokenizer(), 16, npr=npr, **kw)
 
 
 def _ids(batches):
@@ -143,12 +143,12 @@ def test_long_prompts_error_truncate_skip():
   assert prompts[1].tokens[0] == tok.bos_id  # BOS kept, the start of the text dropped
   prompts, counts = encode_records(records, tok, 8, "skip")
   assert [p.prompt_id for p in prompts] == ["short"] and counts["skipped_long_prompts"] == 1
-  pipe = PromptPipeline(records, dataclasses.replace(CFG, long_prompts="skip"), tok, 8)
+  pipe = PromptStream(records, dataclasses.replace(CFG, long_prompts="skip"), tok, 8)
   assert pipe.metrics()["data/skipped_long_prompts"] == 1 and _ids([pipe.next_batch()]) == ["short"] * 7
   with pytest.raises(DataError, match="all 1 training prompts were skipped"):
-    PromptPipeline(records[1:], dataclasses.replace(CFG, long_prompts="skip"), tok, 8)
+    PromptStream(records[1:], dataclasses.replace(CFG, long_prompts="skip"), tok, 8)
   with pytest.raises(DataError, match="empty"):
-    PromptPipeline([], CFG, tok, 8)
+    PromptStream([], CFG, tok, 8)
 
 
 def test_file_dataset_with_a_chat_template_end_to_end(tmp_path):
@@ -161,7 +161,7 @@ def test_file_dataset_with_a_chat_template_end_to_end(tmp_path):
                    long_prompts="truncate")
   task, tok = make_task(cfg), make_tokenizer(cfg)
   assert task.skipped_rows == 1 and len(task.train_records()) == 40
-  pipe = PromptPipeline(task.train_records(), cfg, tok, 16)
+  pipe = PromptStream(task.train_records(), cfg, tok, 16)
   batch = pipe.next_batch()
   assert len(batch) == 8 and all(len(p.tokens) <= 16 and p.tokens[-1] == tok.token_id("<|assistant|>") for p in batch)
   assert pipe.counts["truncated_prompts"] > 0

@@ -1,0 +1,58 @@
+"""Compute accounting: the curve's x axis (accelerator-seconds of the generator and trainer meshes, analytic
+FLOPs), with time that is not compute (evaluation, checkpoints) excluded."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+
+class ComputeMeter:
+  """Cumulative compute: accelerator-seconds = wall time of the RL loop (evaluation and checkpointing excluded)
+  x devices, split between generator and trainer meshes (by busy time when they share devices); analytic FLOPs
+  of generation (forward) and training (forward + backward)."""
+
+  def __init__(self, generator_devices: int, trainer_devices: int, colocated: bool, state: Optional[dict] = None):
+    self.gen_devices, self.train_devices, self.colocated = generator_devices, trainer_devices, colocated
+    state = state or {}
+    self.wall_s = state.get("wall_s", 0.0)
+    self.gen_flops = state.get("gen_flops", 0.0)
+    self.train_flops = state.get("train_flops", 0.0)
+    self.gen_busy_s = state.get("gen_busy_s", 0.0)
+    self.train_busy_s = state.get("train_busy_s", 0.0)
+    self._mark: Optional[float] = None
+    self._excluded = 0.0
+
+  def start(self) -> None:
+    self._mark, self._excluded = time.perf_counter(), 0.0
+
+  def exclude(self, seconds: float) -> None:
+    self._excluded += seconds
+
+  def tick(self) -> None:
+    now = time.perf_counter()
+    if self._mark is not None:
+      self.wall_s += max(now - self._mark - self._excluded, 0.0)
+    self._mark, self._excluded = now, 0.0
+
+  def state(self) -> dict:
+    return {"wall_s": self.wall_s, "gen_flops": self.gen_flops, "train_flops": self.train_flops,
+            "gen_busy_s": self.gen_busy_s, "train_busy_s": self.train_busy_s}
+
+  def metrics(self) -> dict:
+    if self.colocated:
+      total = self.wall_s * self.train_devices
+      share = self.gen_busy_s / max(self.gen_busy_s + self.train_busy_s, 1e-9)
+      gen, train = total * share, total * (1 - share)
+    else:
+      gen, train = self.wall_s * self.gen_devices, self.wall_s * self.train_devices
+    return {
+        "compute/accelerator_seconds": gen + train,
+        "compute/accelerator_hours": (gen + train) / 3600.0,
+        "compute/generator_accelerator_seconds": gen,
+        "compute/trainer_accelerator_seconds": train,
+        "compute/flops": self.gen_flops + self.train_flops,
+        "compute/generator_flops": self.gen_flops,
+        "compute/trainer_flops": self.train_flops,
+        "compute/wall_seconds": self.wall_s,
+    }
