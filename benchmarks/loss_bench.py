@@ -73,8 +73,7 @@ def main(argv=None) -> dict:
   prep = prepare(rewards_PG, mask_BT, truncated_PG, base)
   batch = TrainBatch(tokens=jnp.zeros((P * G, T), jnp.int32), loss_mask=jnp.asarray(mask_BT),
                      gen_logprobs=jnp.asarray(gen_BT), advantages=prep.advantages,
-                     token_weights=prep.token_weights, sample_weights=prep.sample_weights,
-                     versions=jnp.zeros((P * G, T), jnp.int32), ref_logprobs=jnp.asarray(ref_BT))
+                     token_weights=prep.token_weights, sample_weights=prep.sample_weights, ref_logprobs=jnp.asarray(ref_BT))
   logp = jnp.asarray(logp_BT)
   step = jax.jit(jax.value_and_grad(rl.policy_loss, has_aux=True), static_argnames="cfg")
 

@@ -50,7 +50,7 @@ def make_batch(cfg, mask, gen, rewards=REWARDS, truncated=NO_TRUNC, ref=None):
   B, T = mask.shape
   return TrainBatch(tokens=np.zeros((B, T), np.int32), loss_mask=mask, gen_logprobs=gen,
                     advantages=prep.advantages, token_weights=prep.token_weights,
-                    sample_weights=prep.sample_weights, versions=np.zeros((B, T), np.int32), ref_logprobs=ref)
+                    sample_weights=prep.sample_weights, ref_logprobs=ref)
 
 
 # Per-row loss sums (per-token losses in brackets), A = +-0.5, logp = -1:

@@ -95,8 +95,7 @@ def test_zero_variance_groups_contribute_exactly_zero_to_the_loss():
   def loss_of(rewards, rows):
     p = rl.prepare(np.asarray(rewards, np.float32), mask[rows], np.zeros((len(rewards), 2), bool), cfg)
     b = TrainBatch(tokens=mask[rows].astype(np.int32), loss_mask=mask[rows], gen_logprobs=gen[rows],
-                   advantages=p.advantages, token_weights=p.token_weights, sample_weights=p.sample_weights,
-                   versions=mask[rows].astype(np.int32))
+                   advantages=p.advantages, token_weights=p.token_weights, sample_weights=p.sample_weights)
     return float(rl.policy_loss(jnp.asarray(logp[rows]), b, cfg)[0])
 
   with_zv = loss_of([[1, 0], [1, 1], [0, 1]], slice(0, 6))  # middle group solved

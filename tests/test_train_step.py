@@ -12,7 +12,7 @@ from scalerl_jax import rl
 from scalerl_jax.config import LossConfig, ModelConfig, OptimizerConfig
 from scalerl_jax.mesh import TRAIN_RULES, batch_sharding, make_mesh
 from scalerl_jax.model import Policy, next_token_loss
-from scalerl_jax.pipeline.batching import PromptLayout, make_rl_loss
+from scalerl_jax.train.rl_loss import PromptLayout, make_rl_loss
 from scalerl_jax.train.state import init_train_state, make_optimizer, state_shardings
 from scalerl_jax.train.step import make_train_step, split_micro_batches
 from scalerl_jax.types import TrainBatch
@@ -99,8 +99,7 @@ def _rl_batch(P: int, G: int, width: int, N: int) -> TrainBatch:
     mask[b, prompt_len[b]:prompt_len[b] + rng.integers(1, N + 1)] = 1
   gen = np.where(mask > 0, -rng.uniform(0.5, 3.0, (B, T)), 0).astype(np.float32)
   return TrainBatch(tokens=tokens, loss_mask=mask, gen_logprobs=gen, advantages=rng.normal(size=B).astype(np.float32),
-                    token_weights=mask / mask.sum(), sample_weights=np.full(B, 1 / B, np.float32),
-                    versions=np.where(mask > 0, 0, -1).astype(np.int32), prompt_lengths=prompt_len)
+                    token_weights=mask / mask.sum(), sample_weights=np.full(B, 1 / B, np.float32), prompt_lengths=prompt_len)
 
 
 def test_shared_prompt_rl_step_equals_full_rows_sharded_and_micro_batched():
@@ -115,8 +114,7 @@ def test_shared_prompt_rl_step_equals_full_rows_sharded_and_micro_batched():
     mesh = make_mesh(spec, devices)
     state = init_train_state(policy, opt, mesh, TRAIN_RULES, seed=0)
     rows, cols = batch_sharding(mesh, TRAIN_RULES, 1, P * G), batch_sharding(mesh, TRAIN_RULES, 2, P * G)
-    bsh = TrainBatch(tokens=cols, loss_mask=cols, gen_logprobs=cols, advantages=rows, token_weights=cols,
-                     sample_weights=rows, versions=cols, prompt_lengths=rows)
+    bsh = TrainBatch.of(rows=rows, tokens=cols)
     step = make_train_step(make_rl_loss(policy, loss_cfg, 1.0, layout), opt, micro_batches,
                            state_shardings(policy, opt, mesh, TRAIN_RULES), bsh,
                            metrics_init=rl.empty_metrics, metrics_combine=rl.accumulate_metrics,

@@ -31,7 +31,7 @@ from scalerl_jax.data.prompt_stream import PromptStream, encode_records
 from scalerl_jax.data.tasks import make_task
 from scalerl_jax.data.tokenizer import make_tokenizer
 from scalerl_jax.mesh import ROLLOUT_AXES, ROLLOUT_RULES, TRAIN_RULES, Layout, make_mesh, split_devices
-from scalerl_jax.model import Policy, flops_per_token
+from scalerl_jax.model import flops_per_token, make_policy
 from scalerl_jax.pipeline import step_metrics
 from scalerl_jax.pipeline.batching import build_train_batch, pack_groups, warm_prepare
 from scalerl_jax.pipeline.compute import ComputeMeter
@@ -63,7 +63,7 @@ class RLJob:
     self.trainer_layout = Layout(make_mesh(cfg.mesh.spec, trainer_devices), TRAIN_RULES)
     self.generator_layout = Layout(make_mesh(cfg.mesh.generator_spec, gen_devices, ROLLOUT_AXES), ROLLOUT_RULES)
     self.shapes = s = types.StepShapes.from_config(cfg, jax.process_count())
-    self.policy = Policy(cfg.model)
+    self.policy = make_policy(cfg.model)
     # prompts -> rollouts -> rewards
     self.tokenizer = make_tokenizer(d)
     if self.tokenizer.vocab_size > cfg.model.vocab_size:

@@ -49,7 +49,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from scalerl_jax import mesh as mesh_lib
 from scalerl_jax.config import RolloutConfig
 from scalerl_jax.model.policy import Params, Policy
-from scalerl_jax.model.transformer import LayerCache
+from scalerl_jax.model.layers import LayerCache
 from scalerl_jax.rollout import sampling as sampling_lib
 from scalerl_jax.rollout.sampling import SamplingParams
 

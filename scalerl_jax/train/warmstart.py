@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from scalerl_jax.config import RunConfig
+from scalerl_jax.types import StepShapes
 from scalerl_jax.mesh import batch_sharding
 from scalerl_jax.model import Policy, load_params, next_token_loss, save_params, token_logprobs
 from scalerl_jax.train.state import init_train_state, make_optimizer, state_shardings
@@ -87,7 +88,7 @@ def warm_start(cfg: RunConfig, policy: Policy, mesh, rules, task, tokenizer,
   state = init_train_state(policy, opt, mesh, rules, seed=cfg.seed)
   # rows as long as the longest example rounded up to 8 (no compute on padding), within the rollout budget
   tokens_all, mask_all = solution_rows(task, task.train_records(), tokenizer)
-  budget = cfg.rollout.max_prefill_len + cfg.rollout.max_new_tokens
+  budget = StepShapes.from_config(cfg).T
   tokens_all, mask_all = tokens_all[:, :budget], mask_all[:, :budget]
   evaluate = reference_pass_rate_fn(policy, *solution_rows(task, task.warmstart_val_records(), tokenizer))
   bsh = batch_sharding(mesh, rules, 2, ws.batch_size)
