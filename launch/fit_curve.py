@@ -14,6 +14,7 @@ import pathlib
 import sys
 
 from scalerl_jax import scaling
+from scalerl_jax.errors import UserError
 from scalerl_jax.logs import setup_logging
 
 
@@ -39,7 +40,7 @@ def main(argv=None) -> int:
     runs = [scaling.analyse(scaling.load_points(path, x=args.x), fit_upto=args.fit_upto, c_min=args.c_min,
                             method=args.method, bayes=args.bayes, num_warmup=args.samples // 2,
                             num_samples=args.samples) for path in args.inputs]
-  except scaling.CurveDataError as e:
+  except UserError as e:
     parser.error(str(e))
   out = {"x": args.x, "fit_upto": args.fit_upto, "c_min": args.c_min, "runs": [scaling.summary(r) for r in runs]}
   for s in out["runs"]:

@@ -9,7 +9,8 @@ import argparse
 import pathlib
 import sys
 
-from scalerl_jax.config import CONFIG_GROUPS, ConfigError, load_config
+from scalerl_jax.config import CONFIG_GROUPS, load_config
+from scalerl_jax.errors import UserError
 from scalerl_jax.logs import setup_logging
 
 DEFAULT = pathlib.Path(__file__).resolve().parent.parent / "configs" / "cpu_default.yaml"
@@ -34,18 +35,16 @@ def main(argv=None) -> int:
     overrides.append(f"mesh.generator_spec={args.generator_mesh}")
   try:
     cfg = load_config(args.config, overrides)
-  except ConfigError as exc:
+  except UserError as exc:
     parser.error(str(exc))
   setup_logging(args.verbose)
 
-  from scalerl_jax.data.sources import DataError  # after argument checks: importing jax takes a while
-  from scalerl_jax.mesh import MeshError
-  from scalerl_jax.pipeline.job import RLJob
+  from scalerl_jax.pipeline.job import RLJob  # after argument checks: importing jax takes a while
   from scalerl_jax.pipeline.report import final_report
 
   try:
     job = RLJob(cfg)
-  except (ConfigError, MeshError, DataError) as exc:  # user errors: one clear line, no traceback
+  except UserError as exc:  # config, mesh, data or resume: one clear line, no traceback
     parser.exit(2, f"train.py: error: {exc}\n")
   summary = job.run_sync() if args.sync else job.run()
   print(final_report(cfg, summary))

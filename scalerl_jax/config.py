@@ -19,8 +19,10 @@ from typing import Any, Optional, Sequence, Tuple
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from scalerl_jax.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
   """A configuration problem; the message names every offending dotted key."""
 
 

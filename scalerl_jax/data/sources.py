@@ -19,8 +19,10 @@ import json
 import pathlib
 from typing import Any, Iterator
 
+from scalerl_jax.errors import UserError
 
-class DataError(ValueError):
+
+class DataError(UserError, ValueError):
   """A problem with the input data; the message names the file, line and field where it has them."""
 
 

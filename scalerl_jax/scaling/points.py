@@ -16,10 +16,12 @@ from typing import Optional
 
 import numpy as np
 
+from scalerl_jax.errors import UserError
+
 MIN_FIT_POINTS = 4
 
 
-class CurveDataError(ValueError):
+class CurveDataError(UserError, ValueError):
   """Input points cannot be fitted; the message says which input and why."""
 
 

@@ -19,14 +19,15 @@ import jax
 import orbax.checkpoint as ocp
 
 from scalerl_jax.config import RunConfig
+from scalerl_jax.errors import UserError
 
 # Config groups whose change makes a checkpoint unusable (shapes, data order, objective); the rest (steps,
 # logging, eval cadence, learning rate) may change on resume.
 _FINGERPRINT_FIELDS = ("model", "data", "loss")
 
 
-class ResumeError(RuntimeError):
-  pass
+class ResumeError(UserError, RuntimeError):
+  """A checkpoint this run cannot resume from (none there, or written with a different configuration)."""
 
 
 def config_fingerprint(cfg: RunConfig) -> dict:
