@@ -1,7 +1,7 @@
 """Fit the ScaleRL compute-performance curve R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) to runs, extrapolate.
 
-  python launch/fit_curve.py INPUT [INPUT ...] [--x accelerator_hours|flops] [--fit-upto 0.5] [--c-min X]
-                             [--bayes] [--json OUT] [--plot OUT.png]
+  python launch/fit_curve.py INPUT [INPUT ...] [--x accelerator_seconds|accelerator_hours|flops] [--fit-upto 0.5]
+                             [--c-min X] [--bayes] [--json OUT] [--plot OUT.png]
 
 INPUT: a run directory (metrics.jsonl or tensorboard events), a metrics .jsonl, or a CSV with columns
 compute,reward[,n_correct,n_total]. The first point of each input is its R0 measurement. With several inputs the
@@ -14,6 +14,7 @@ import pathlib
 import sys
 
 from scalerl_jax import scaling
+from scalerl_jax.config import CurveFitConfig
 from scalerl_jax.errors import UserError
 from scalerl_jax.logs import setup_logging
 
@@ -21,9 +22,12 @@ from scalerl_jax.logs import setup_logging
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="fit_curve.py")
   p.add_argument("inputs", nargs="+", metavar="INPUT")
-  p.add_argument("--x", default="accelerator_hours", choices=["accelerator_hours", "accelerator_seconds", "flops"])
-  p.add_argument("--fit-upto", type=float, default=0.5, help="fit on compute <= this fraction of the last")
-  p.add_argument("--c-min", type=float, default=0.0, help="drop points below this compute (paper: 1.5k GPU-h)")
+  defaults = CurveFitConfig()  # the same defaults as the trainer's end-of-run fit (curve_fit.*)
+  p.add_argument("--x", default=defaults.x, choices=sorted(scaling.io.X_AXES), help="compute axis (%(default)s)")
+  p.add_argument("--fit-upto", type=float, default=defaults.fit_upto, help="fit on compute <= this fraction of the "
+                 "last")
+  p.add_argument("--c-min", type=float, default=defaults.c_min, help="drop points below this compute, in the --x "
+                 "unit (paper: 1.5k GPU-hours = 5.4e6 accelerator-seconds)")
   p.add_argument("--method", default="paper", choices=scaling.analysis.METHODS)
   p.add_argument("--bayes", action="store_true", help="also sample the NumPyro posterior (NUTS)")
   p.add_argument("--samples", type=int, default=1000, help="NUTS samples (half as many warmup steps)")

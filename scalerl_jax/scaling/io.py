@@ -20,6 +20,7 @@ from typing import Dict, List
 
 import numpy as np
 
+from scalerl_jax.config import CurveFitConfig
 from scalerl_jax.scaling.points import CurveDataError, CurvePoints
 
 # --x choice -> (metrics key, factor to the plotted unit)
@@ -28,10 +29,11 @@ X_AXES = {
     "accelerator_seconds": ("compute/accelerator_seconds", 1.0),
     "flops": ("compute/flops", 1.0),
 }
+DEFAULT_X = CurveFitConfig.x  # one default everywhere: accelerator-seconds, the unit metrics.jsonl logs
 EVAL_KEY = "eval/pass_rate"
 
 
-def load_points(path, x: str = "accelerator_hours") -> CurvePoints:
+def load_points(path, x: str = DEFAULT_X) -> CurvePoints:
   """Points of one input: a run directory, a metrics .jsonl, a tensorboard events file, or a .csv."""
   if x not in X_AXES:
     raise CurveDataError(f"unknown compute axis {x!r}; choose one of {sorted(X_AXES)}")
