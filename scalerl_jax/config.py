@@ -1,10 +1,10 @@
 """Typed, frozen configuration for a whole run.
 
 One root (`RunConfig`) composes one small frozen dataclass per concern. Files in `configs/*.yaml` and dotted
-command-line overrides (`loss.name=dapo`) are parsed and merged by OmegaConf against these dataclasses, so unknown
-keys and wrong types are rejected with the full dotted key before anything compiles; `validate` then checks the
-values that types cannot express (names from a fixed set, ranges, cross-field constraints) and raises one
-`ConfigError` that lists every offending key.
+command-line overrides (`loss.name=dapo`) are merged by OmegaConf against these dataclasses, so unknown keys, wrong
+types and names outside a choice (the `Literal` types below) are rejected with the full dotted key before anything
+compiles (a config built in code checks its choices on construction); `validate` then checks ranges and cross-field
+constraints and raises one `ConfigError` that lists every offending key.
 
 Defaults are the embedded CPU run (configs/cpu_default.yaml mirrors them); the paper's recipe lives in
 configs/scalerl_8b.yaml.
@@ -13,8 +13,11 @@ configs/scalerl_8b.yaml.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import pathlib
-from typing import Any, Optional, Sequence, Tuple
+import typing
+from typing import Any, Literal, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -26,9 +29,42 @@ class ConfigError(UserError, ValueError):
   """A configuration problem; the message names every offending dotted key."""
 
 
+# Names chosen by one key each: OmegaConf rejects any other value (YAML and overrides keep these spellings).
+ModelFamily = Literal["dense"]  # moe lands with its own issue
+DType = Literal["float32", "bfloat16"]
+LossName = Literal["cispo", "reinforce", "grpo", "ppo", "dapo", "gspo"]
+Aggregation = Literal["prompt", "sample", "token", "seq_mean_token_sum"]
+AdvNorm = Literal["batch", "prompt", "none"]
+KLEstimator = Literal["k1", "k3"]
+TaskName = Literal["addition", "countdown", "file"]
+LongPrompts = Literal["error", "truncate", "skip"]
+RewardScale = Literal["01", "pm1"]  # rewards in {0, 1} or {-1, +1}
+NPRHistory = Literal["last", "cumulative"]
+PipelineMode = Literal["pipeline", "ppo_offpolicy", "sync"]
+CurveX = Literal["accelerator_seconds", "accelerator_hours", "flops"]  # the compute axes scaling.io reads
+
+
+class _Choices:
+  """Checks a config built in code against its Literal fields (OmegaConf checks the ones read from YAML)."""
+
+  def __post_init__(self) -> None:
+    for name, options in _literal_fields(type(self)):
+      value = getattr(self, name)
+      if value not in options:
+        key = _GROUP_KEYS.get(type(self), type(self).__name__) + "." + name
+        raise ConfigError(f"{key}: unknown {value!r}; choose one of {', '.join(options)}")
+
+
+@functools.cache
+def _literal_fields(cls: type) -> tuple[tuple[str, tuple], ...]:
+  hints = typing.get_type_hints(cls)
+  return tuple((f.name, typing.get_args(hints[f.name])) for f in dataclasses.fields(cls)
+               if typing.get_origin(hints[f.name]) is Literal)
+
+
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  family: str = "dense"  # dense | moe (moe lands with its own issue)
+class ModelConfig(_Choices):
+  family: ModelFamily = "dense"
   vocab_size: int = 32
   hidden: int = 128
   intermediate: int = 512
@@ -40,8 +76,8 @@ class ModelConfig:
   qk_norm: bool = False
   tie_embeddings: bool = True
   norm_eps: float = 1e-6
-  dtype: str = "float32"  # compute dtype: float32 | bfloat16
-  param_dtype: str = "float32"
+  dtype: DType = "float32"  # compute dtype
+  param_dtype: DType = "float32"
   fp32_lm_head: bool = True  # LM-head matmul accumulates and returns fp32 in trainer and sampler
   max_seq_len: int = 64  # RoPE / KV-cache capacity
 
@@ -81,10 +117,10 @@ class RolloutConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class LossConfig:
-  name: str = "cispo"  # cispo | reinforce | grpo | ppo | dapo | gspo
-  aggregation: str = "prompt"  # prompt | sample | token | seq_mean_token_sum
-  adv_norm: str = "batch"  # batch | prompt | none
+class LossConfig(_Choices):
+  name: LossName = "cispo"
+  aggregation: Aggregation = "prompt"
+  adv_norm: AdvNorm = "batch"
   leave_one_out: bool = False
   eps_max: float = 4.0  # CISPO / REINFORCE absolute cap on the importance ratio
   eps_low: float = 0.2  # PPO / GRPO / DAPO lower clip
@@ -93,8 +129,8 @@ class LossConfig:
   gspo_eps_low: float = 3e-3
   gspo_eps_high: float = 5e-3
   log_ratio_clamp: float = 20.0  # |log pi - log pi_gen| clamped before exp
-  kl_coef: float = 0.0
-  kl_estimator: str = "k3"  # k1 | k3
+  kl_coef: float = 0.0  # must stay 0 until a reference policy fills TrainBatch.ref_logprobs
+  kl_estimator: KLEstimator = "k3"
   zero_variance_filter: bool = True
   exclude_truncated: bool = True
   length_penalty: bool = False  # DAPO overlong penalty (the paper's loo-lp), added to correct samples only
@@ -104,16 +140,16 @@ class LossConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class NPRConfig:
+class NPRConfig(_Choices):
   enabled: bool = True
   threshold: float = 0.9
   min_observations: int = 1
-  history: str = "last"  # last | cumulative
+  history: NPRHistory = "last"
 
 
 @dataclasses.dataclass(frozen=True)
-class DataConfig:
-  task: str = "addition"  # addition | countdown | file
+class DataConfig(_Choices):
+  task: TaskName = "addition"
   path: str = ""  # JSONL or Parquet, for task=file
   prompt_field: str = "prompt"
   answer_field: str = "answer"
@@ -127,11 +163,11 @@ class DataConfig:
   samples_per_prompt: int = 8
   seed: int = 0
   skip_bad_rows: bool = False
-  long_prompts: str = "error"  # error | truncate | skip
+  long_prompts: LongPrompts = "error"
   reward_fn: str = ""  # dotted path; empty = the task's own verifier
   reward_timeout_s: float = 5.0
   failure_reward: float = 0.0
-  reward_scale: str = "01"  # 01 | pm1
+  reward_scale: RewardScale = "01"
   npr: NPRConfig = dataclasses.field(default_factory=NPRConfig)
 
 
@@ -147,30 +183,33 @@ class OptimizerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+  """How the trainer computes one optimizer step (the objective is `loss`, the update `optimizer`)."""
+  micro_batches: int = 1  # the step batch runs in this many slices of whole groups (gradients accumulated)
+  # the trainer computes each prompt once per group instead of once per sample (same loss and gradient)
+  shared_prompt: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class WarmStartConfig:
   enabled: bool = True
   lr: float = 3e-3
   batch_size: int = 128
   max_steps: int = 400
   eval_every: int = 10
-  # stop once the mean P(reference completion) at temperature 1 on the task's warm-start validation split (a lower
-  # bound on its expected mean@n, computed without sampling) reaches this
+  # stop once the mean P(reference completion) at temperature 1 on the warm-start validation split (a lower bound
+  # on its expected mean@n, computed without sampling) reaches this
   target_pass_rate: float = 0.15
-  # Supervised fine-tuning settings, not the RL recipe's: with the recipe's eps 1e-15 and clipping the
-  # warm start sat on its plateau ~2x longer (measured on the addition task).
-  eps: float = 1e-8
+  eps: float = 1e-8  # SFT settings, not the RL recipe's: eps 1e-15 + clipping sat on the plateau ~2x longer
   grad_clip: float = 0.0
   cache_dir: str = "~/.cache/scalerl_jax/warmstart"
 
 
 @dataclasses.dataclass(frozen=True)
-class PipelineConfig:
-  mode: str = "pipeline"  # pipeline (PipelineRL-k) | ppo_offpolicy (PPO-off-policy-k) | sync
+class PipelineConfig(_Choices):
+  mode: PipelineMode = "pipeline"  # PipelineRL-k | PPO-off-policy-k | the synchronous reference loop
   max_lag: int = 8  # k
   steps: int = 120
-  micro_batches: int = 1
-  # the trainer computes each prompt once per group instead of once per sample (same loss and gradient)
-  shared_prompt: bool = True
   eval_every: int = 10
   eval_samples: int = 8  # n in mean@n
   eval_temperature: float = 1.0
@@ -190,8 +229,8 @@ class LoggingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class CurveFitConfig:
-  x: str = "accelerator_seconds"  # accelerator_seconds | flops
+class CurveFitConfig(_Choices):
+  x: CurveX = "accelerator_seconds"  # the compute axis (launch/fit_curve.py --x takes its default from here)
   fit_upto: float = 0.5
   c_min: float = 0.0
   bayes: bool = True
@@ -207,6 +246,7 @@ class RunConfig:
   loss: LossConfig = dataclasses.field(default_factory=LossConfig)
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
   optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+  trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
   warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
   pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
   checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
@@ -216,28 +256,22 @@ class RunConfig:
 
 CONFIG_GROUPS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in ("run_dir", "seed"))
 
-# Names chosen by one key each.
-CHOICES = {
-    "model.family": ("dense",),
-    "model.dtype": ("float32", "bfloat16"),
-    "model.param_dtype": ("float32", "bfloat16"),
-    "loss.name": ("cispo", "reinforce", "grpo", "ppo", "dapo", "gspo"),
-    "loss.aggregation": ("prompt", "sample", "token", "seq_mean_token_sum"),
-    "loss.adv_norm": ("batch", "prompt", "none"),
-    "loss.kl_estimator": ("k1", "k3"),
-    "data.task": ("addition", "countdown", "file"),
-    "data.long_prompts": ("error", "truncate", "skip"),
-    "data.reward_scale": ("01", "pm1"),
-    "data.npr.history": ("last", "cumulative"),
-    "pipeline.mode": ("pipeline", "ppo_offpolicy", "sync"),
-    "curve_fit.x": ("accelerator_seconds", "flops"),
-}
+
+def _group_keys(cls: type, prefix: str = "") -> dict:
+  out = {}
+  for f in dataclasses.fields(cls):
+    sub = typing.get_type_hints(cls)[f.name]
+    if dataclasses.is_dataclass(sub):
+      out[sub] = prefix + f.name
+      out.update(_group_keys(sub, prefix + f.name + "."))
+  return out
 
 
-def _get(cfg: Any, dotted: str) -> Any:
-  for part in dotted.split("."):
-    cfg = getattr(cfg, part)
-  return cfg
+_GROUP_KEYS = _group_keys(RunConfig)  # LossConfig -> "loss", NPRConfig -> "data.npr", ...
+# Every name-valued key and its options, read off the Literal types (a view for help texts and benchmarks).
+CHOICES = {f"{key}.{name}": options for cls, key in _GROUP_KEYS.items() for name, options in _literal_fields(cls)}
+# Keys that moved to another group: an old file or override that uses one is told where it went.
+_MOVED = {"pipeline.micro_batches": "trainer.micro_batches", "pipeline.shared_prompt": "trainer.shared_prompt"}
 
 
 def validate(cfg: RunConfig) -> RunConfig:
@@ -246,10 +280,8 @@ def validate(cfg: RunConfig) -> RunConfig:
 
   def need(ok: bool, key: str, msg: str) -> None:
     if not ok:
-      errors.append(f"{key}: {msg} (got {_get(cfg, key)!r})")
+      errors.append(f"{key}: {msg} (got {functools.reduce(getattr, key.split('.'), cfg)!r})")
 
-  for key, options in CHOICES.items():
-    need(_get(cfg, key) in options, key, f"must be one of {', '.join(options)}")
   m = cfg.model
   for key in ("vocab_size", "hidden", "intermediate", "num_layers", "num_heads", "num_kv_heads", "head_dim",
               "max_seq_len"):
@@ -280,7 +312,8 @@ def validate(cfg: RunConfig) -> RunConfig:
   need(l.eps_high > 0, "loss.eps_high", "must be positive")
   need(l.dual_clip is None or l.dual_clip > 1, "loss.dual_clip", "must be > 1 or null")
   need(l.log_ratio_clamp > 0, "loss.log_ratio_clamp", "must be positive")
-  need(l.kl_coef >= 0, "loss.kl_coef", "must be >= 0")
+  need(l.kl_coef == 0, "loss.kl_coef", "must be 0: a KL penalty needs a reference policy, which is not implemented "
+       "yet (nothing fills TrainBatch.ref_logprobs)")
   need(0 < l.length_penalty_cache < l.length_penalty_max, "loss.length_penalty_cache",
        f"must be in (0, loss.length_penalty_max={l.length_penalty_max})")
   d = cfg.data
@@ -299,8 +332,8 @@ def validate(cfg: RunConfig) -> RunConfig:
   need(p.max_lag >= 0, "pipeline.max_lag", "must be >= 0")
   need(p.mode != "ppo_offpolicy" or p.max_lag >= 1, "pipeline.max_lag", "must be >= 1 for ppo_offpolicy")
   need(p.steps > 0, "pipeline.steps", "must be positive")
-  need(p.micro_batches > 0 and d.prompts_per_step % p.micro_batches == 0, "pipeline.micro_batches",
-       f"must divide data.prompts_per_step={d.prompts_per_step}")
+  need(cfg.trainer.micro_batches > 0 and d.prompts_per_step % cfg.trainer.micro_batches == 0,
+       "trainer.micro_batches", f"must divide data.prompts_per_step={d.prompts_per_step}")
   need(p.eval_samples > 0, "pipeline.eval_samples", "must be positive")
   need(0 < cfg.curve_fit.fit_upto <= 1, "curve_fit.fit_upto", "must be in (0, 1]")
   need(cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1")
@@ -313,6 +346,8 @@ def validate(cfg: RunConfig) -> RunConfig:
 def _clean(exc: OmegaConfBaseException, source: str) -> ConfigError:
   key = getattr(exc, "full_key", None)
   msg = str(exc).splitlines()[0]
+  if key in _MOVED:
+    msg += f" (moved to {_MOVED[key]})"
   where = f" in {source}" if source else ""
   return ConfigError(f"{key}: {msg}{where}" if key else f"{msg}{where}")
 
@@ -335,6 +370,15 @@ def _file_chain(path: Optional[str | pathlib.Path]) -> list[pathlib.Path]:
   return chain
 
 
+def _override(item: str) -> Any:
+  """One `key=value`; a name-valued key takes its text as written (`data.reward_scale=01` is "01", not 1)."""
+  key, _, value = (s.strip() for s in item.partition("="))
+  if key not in CHOICES:
+    return OmegaConf.from_dotlist([item])
+  unquoted = value[1:-1] if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"" else value
+  return OmegaConf.from_dotlist([f"{key}={json.dumps(unquoted)}"])
+
+
 def load_config(path: Optional[str | pathlib.Path] = None, overrides: Sequence[str] = ()) -> RunConfig:
   """Defaults <- YAML file (and the files it names as `base:`) <- dotted overrides (`loss.name=dapo`), typed and
   validated.
@@ -353,7 +397,7 @@ def load_config(path: Optional[str | pathlib.Path] = None, overrides: Sequence[s
     if "=" not in item:
       raise ConfigError(f"override {item!r} is not of the form key=value")
     try:
-      merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+      merged = OmegaConf.merge(merged, _override(item))
     except OmegaConfBaseException as exc:
       raise _clean(exc, f"override {item!r}") from None
   try:
@@ -361,10 +405,6 @@ def load_config(path: Optional[str | pathlib.Path] = None, overrides: Sequence[s
   except OmegaConfBaseException as exc:
     raise _clean(exc, "") from None
   return validate(cfg)
-
-
-def to_dict(cfg: RunConfig) -> dict:
-  return dataclasses.asdict(cfg)
 
 
 def to_yaml(cfg: RunConfig) -> str:

@@ -1,10 +1,17 @@
-"""Config errors name the offending key; mesh specs parse, infer -1 and fail clearly; layouts come from rules."""
+"""Config errors name the offending key (choices list their values); mesh specs parse, infer -1 and fail clearly;
+layouts come from rules."""
+
+import dataclasses
+import importlib.util
+import pathlib
 
 import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from scalerl_jax.config import CONFIG_GROUPS, ConfigError, load_config
+from scalerl_jax.config import (CHOICES, CONFIG_GROUPS, ConfigError, DataConfig, LossConfig, NPRConfig, RunConfig,
+                                load_config, validate)
+from scalerl_jax.errors import UserError
 from scalerl_jax.mesh import (ROLLOUT_AXES, ROLLOUT_RULES, TRAIN_RULES, MeshError, logical_to_sharding, make_mesh,
                               parse_mesh_spec)
 from scalerl_jax.model import Policy
@@ -17,7 +24,7 @@ def test_defaults_and_overrides(tmp_path):
   f.write_text("loss:\n  aggregation: token\noptimizer:\n  lr: 5.0e-7\n")
   cfg = load_config(f, ["optimizer.lr=1e-4"])
   assert cfg.loss.aggregation == "token" and cfg.optimizer.lr == 1e-4  # override beats file beats default
-  assert {"model", "mesh", "rollout", "loss", "pipeline", "data", "optimizer", "checkpoint", "logging",
+  assert {"model", "mesh", "rollout", "loss", "pipeline", "trainer", "data", "optimizer", "checkpoint", "logging",
           "curve_fit"} <= set(CONFIG_GROUPS)
 
 
@@ -26,7 +33,9 @@ def test_defaults_and_overrides(tmp_path):
     (["model.hidden=big"], "model.hidden"),
     (["loss.name=foo"], "loss.name"),
     (["model.num_kv_heads=3"], "model.num_kv_heads"),
-    (["pipeline.micro_batches=7"], "pipeline.micro_batches"),
+    (["trainer.micro_batches=7"], "trainer.micro_batches"),
+    (["data.reward_scale=pm2"], "data.reward_scale"),
+    (["loss.kl_coef=0.1"], "loss.kl_coef"),
     (["rollout.top_p=0"], "rollout.top_p"),
     (["data.task=file"], "data.path"),
 ])
@@ -45,10 +54,89 @@ def test_file_errors_name_file_and_key(tmp_path):
 
 
 def test_all_shipped_configs_load():
-  import pathlib
   files = sorted(pathlib.Path(__file__).parent.parent.glob("configs/*.yaml"))
+  assert len(files) >= 10
   for f in files:
     load_config(f)
+
+
+@pytest.mark.parametrize("key", sorted(CHOICES))
+def test_a_bad_choice_names_the_key_and_lists_the_allowed_values(key, tmp_path):
+  with pytest.raises(ConfigError) as info:
+    load_config(overrides=[f"{key}=nope"])
+  msg = str(info.value)
+  assert msg.startswith(f"{key}: ") and "'nope'" in msg and all(repr(o) in msg for o in CHOICES[key])
+  *groups, name = key.split(".")
+  f = tmp_path / "bad.yaml"
+  f.write_text("".join(f"{'  ' * i}{g}:\n" for i, g in enumerate(groups)) + f"{'  ' * len(groups)}{name}: nope\n")
+  with pytest.raises(ConfigError, match=rf"^{key}: .*'nope'.* in .*bad\.yaml"):
+    load_config(f)
+
+
+def test_choices_keep_their_spellings(tmp_path):
+  cfg = load_config(overrides=["loss.name=dapo", "data.reward_scale=pm1", "pipeline.mode=sync"])
+  assert (cfg.loss.name, cfg.data.reward_scale, cfg.pipeline.mode) == ("dapo", "pm1", "sync")
+  assert type(cfg.loss.name) is str and cfg.loss.name == "dapo"
+  for spelling in ("01", "'01'", '"01"'):  # a name, never a number: 01 stays "01"
+    assert load_config(overrides=[f"data.reward_scale={spelling}"]).data.reward_scale == "01"
+  f = tmp_path / "c.yaml"
+  f.write_text('data:\n  reward_scale: "01"\nloss:\n  aggregation: seq_mean_token_sum\n')
+  cfg = load_config(f)
+  assert cfg.data.reward_scale == "01" and cfg.loss.aggregation == "seq_mean_token_sum"
+  f.write_text("data:\n  reward_scale: 01\n")  # unquoted YAML 01 is the integer 1: rejected, not guessed
+  with pytest.raises(ConfigError, match=r"data\.reward_scale: .*'01', 'pm1'"):
+    load_config(f)
+
+
+def test_configs_built_in_code_check_their_choices():
+  with pytest.raises(ConfigError, match=r"^loss\.name: unknown 'foo'; choose one of cispo, reinforce, grpo, ppo, dapo, "
+                                        r"gspo$"):
+    LossConfig(name="foo")
+  with pytest.raises(ConfigError, match=r"^data\.reward_scale: unknown 'pm2'; choose one of 01, pm1$"):
+    dataclasses.replace(DataConfig(), reward_scale="pm2")
+  with pytest.raises(ConfigError, match=r"^data\.npr\.history: unknown 'all'"):
+    NPRConfig(history="all")
+  assert LossConfig(name="gspo", kl_estimator="k1").name == "gspo"
+
+
+def test_a_kl_penalty_is_rejected_until_a_reference_policy_exists():
+  with pytest.raises(ConfigError, match=r"loss\.kl_coef: must be 0: .*reference policy.* not implemented yet"):
+    load_config(overrides=["loss.kl_coef=0.01"])
+  with pytest.raises(ConfigError, match=r"loss\.kl_coef"):
+    validate(dataclasses.replace(RunConfig(), loss=LossConfig(kl_coef=0.01)))
+  assert load_config(overrides=["loss.kl_coef=0"]).loss.kl_coef == 0.0
+
+
+def test_trainer_settings_live_in_the_trainer_group(tmp_path):
+  cfg = load_config(overrides=["trainer.micro_batches=4", "trainer.shared_prompt=false"])
+  assert (cfg.trainer.micro_batches, cfg.trainer.shared_prompt) == (4, False)
+  assert not hasattr(cfg.pipeline, "micro_batches") and not hasattr(cfg.pipeline, "shared_prompt")
+  with pytest.raises(ConfigError, match=r"pipeline\.shared_prompt: .*moved to trainer\.shared_prompt"):
+    load_config(overrides=["pipeline.shared_prompt=false"])
+  f = tmp_path / "old.yaml"
+  f.write_text("pipeline:\n  micro_batches: 2\n")
+  with pytest.raises(ConfigError, match=r"pipeline\.micro_batches: .*moved to trainer\.micro_batches.* in .*old\.yaml"):
+    load_config(f)
+
+
+def test_user_errors_share_one_base_class():
+  from scalerl_jax.data.sources import DataError
+  from scalerl_jax.scaling.points import CurveDataError
+  from scalerl_jax.train.checkpoint import ResumeError
+  for cls, also in ((ConfigError, ValueError), (DataError, ValueError), (CurveDataError, ValueError),
+                    (MeshError, ValueError), (ResumeError, RuntimeError)):
+    assert issubclass(cls, UserError) and issubclass(cls, also), cls
+
+
+def test_train_py_prints_a_config_error_as_one_line(capsys):
+  spec = importlib.util.spec_from_file_location("train_cli", pathlib.Path(__file__).parents[1] / "launch" / "train.py")
+  cli = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(cli)
+  with pytest.raises(SystemExit) as info:
+    cli.main(["loss.name=foo"])
+  err = capsys.readouterr().err
+  assert info.value.code == 2 and "error: loss.name: Invalid value 'foo', expected one of" in err
+  assert "Traceback" not in err
 
 
 def test_mesh_spec_parsing():

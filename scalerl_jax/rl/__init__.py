@@ -1,7 +1,7 @@
 """The RL objective: advantages, filters, aggregation, policy losses, metrics — pure functions of arrays.
 
-No model call happens here. Two entry points, both chosen by `LossConfig` (one key per choice; unknown names raise
-a ValueError that names the key):
+No model call happens here. Two entry points, both chosen by `LossConfig` (one key per choice; the names are the
+config's Literal types, checked when the config is loaded or built, never again here):
 
   prepare(rewards_PG, loss_mask_BT, truncated_PG, cfg, *, lengths_PG=None, correct_PG=None)
       -> Prepared(advantages_B, token_weights_BT, sample_weights_B, metrics)
@@ -30,16 +30,15 @@ No-Positive-Resampling is a data-side filter and lives in `scalerl_jax.data`.
 
 from scalerl_jax.rl.advantages import centred_rewards, normalize_advantages
 from scalerl_jax.rl.aggregation import aggregate, aggregation_weights
-from scalerl_jax.rl.choices import check_choice
 from scalerl_jax.rl.filters import group_stats, kept_groups, length_penalty, loss_token_mask, valid_samples
 from scalerl_jax.rl.losses import (clipped_surrogate_loss, gspo_sequence_loss, kl_penalty, log_ratio, policy_loss,
                                    truncated_is_loss)
-from scalerl_jax.rl.metrics import METRIC_KEYS, accumulate_metrics, empty_metrics, finalize_metrics, loss_metrics
+from scalerl_jax.rl.diagnostics import METRIC_KEYS, accumulate_metrics, empty_metrics, finalize_metrics, loss_metrics
 from scalerl_jax.rl.prepare import Prepared, prepare
 
 __all__ = [
     "METRIC_KEYS", "Prepared", "accumulate_metrics", "aggregate", "aggregation_weights", "centred_rewards",
-    "check_choice", "clipped_surrogate_loss", "empty_metrics", "finalize_metrics", "group_stats",
+    "clipped_surrogate_loss", "empty_metrics", "finalize_metrics", "group_stats",
     "gspo_sequence_loss", "kept_groups", "kl_penalty", "length_penalty", "log_ratio", "loss_metrics",
     "loss_token_mask", "normalize_advantages", "policy_loss", "prepare", "truncated_is_loss", "valid_samples",
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from scalerl_jax.rl.choices import check_choice
+from scalerl_jax.config import AdvNorm
 
 
 def centred_rewards(rewards_PG, valid_PG, mean_P, n_P, leave_one_out: bool):
@@ -28,7 +28,7 @@ def centred_rewards(rewards_PG, valid_PG, mean_P, n_P, leave_one_out: bool):
   return a_PG
 
 
-def normalize_advantages(centred_PG, std_P, in_loss_PG, adv_norm: str, eps: float):
+def normalize_advantages(centred_PG, std_P, in_loss_PG, adv_norm: AdvNorm, eps: float):
   """Divides the centred advantages by the chosen scale; returns (advantages_PG, scale).
 
       prompt (GRPO):        A_pi / (std_g r_pg + eps)      std over the group's valid samples, ddof=0
@@ -43,7 +43,6 @@ def normalize_advantages(centred_PG, std_P, in_loss_PG, adv_norm: str, eps: floa
   divisor (std + eps) for `batch`, 1 otherwise; it is reported as a metric. A zero divisor (zero-variance
   group, or nothing in the loss, with eps = 0) is replaced by 1: the centred advantages there are all 0 anyway.
   """
-  check_choice("loss.adv_norm", adv_norm)
   m_PG = jnp.asarray(in_loss_PG, bool)
   if adv_norm == "prompt":
     return centred_PG / _nonzero(std_P + eps)[:, None], jnp.float32(1.0)

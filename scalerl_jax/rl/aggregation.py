@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from scalerl_jax.rl.choices import check_choice
+from scalerl_jax.config import Aggregation
 
 
-def aggregation_weights(loss_mask_BT, in_loss_B, group_size: int, aggregation: str):
+def aggregation_weights(loss_mask_BT, in_loss_B, group_size: int, aggregation: Aggregation):
   """Per-token and per-sequence weights of one aggregation; returns (token_weights_BT, sample_weights_B, counts).
 
   `loss_mask_BT` marks tokens that may carry loss, `in_loss_B` the samples that do (valid samples of kept
@@ -33,7 +33,6 @@ def aggregation_weights(loss_mask_BT, in_loss_B, group_size: int, aggregation: s
   value is the sequence's value. `counts` holds P_kept, N_s and N_tok as float32 scalars. When nothing carries
   loss every weight is 0 (never NaN).
   """
-  check_choice("loss.aggregation", aggregation)
   m_BT = jnp.asarray(loss_mask_BT, jnp.float32) * jnp.asarray(in_loss_B, jnp.float32)[:, None]
   len_B = jnp.sum(m_BT, axis=1)
   tokens_P = jnp.sum(len_B.reshape(-1, group_size), axis=1)

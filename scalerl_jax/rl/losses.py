@@ -30,9 +30,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from scalerl_jax.config import LossConfig
-from scalerl_jax.rl import metrics as metrics_lib
-from scalerl_jax.rl.choices import check_choice
+from scalerl_jax.config import KLEstimator, LossConfig
+from scalerl_jax.rl import diagnostics as metrics_lib
 from scalerl_jax.types import TrainBatch
 
 
@@ -105,7 +104,7 @@ def gspo_sequence_loss(log_ratio_BT, mask_BT, adv_B, eps_low: float, eps_high: f
   return -obj_B, s_B, upper_B, lower_B
 
 
-def kl_penalty(logp_BT, ref_logp_BT, estimator: str, clamp: float):
+def kl_penalty(logp_BT, ref_logp_BT, estimator: KLEstimator, clamp: float):
   """Per-token KL(pi_theta || pi_ref) estimate on the sampled tokens (Schulman's k1 / k3).
 
       k1 = log pi_theta - log pi_ref;   k3 = exp(d) - d - 1 with d = clamp(log pi_ref - log pi_theta, -c, c)
@@ -114,7 +113,6 @@ def kl_penalty(logp_BT, ref_logp_BT, estimator: str, clamp: float):
   (loss.kl_coef = 0, as in ScaleRL and DAPO), and the tokens are sampled from pi_gen, not pi_theta, without
   importance correction of the KL term.
   """
-  check_choice("loss.kl_estimator", estimator)
   if estimator == "k1":
     return logp_BT - ref_logp_BT
   d_BT = jnp.clip(ref_logp_BT - logp_BT, -clamp, clamp)
@@ -133,8 +131,6 @@ def policy_loss(logp_BT, batch: TrainBatch, cfg: LossConfig):
   means with `finalize_metrics`). Positions with loss_mask 0 are replaced by 0 before any arithmetic, so padding
   can hold any value (even NaN) without touching the loss or its gradient. `cfg` is static under jit.
   """
-  check_choice("loss.name", cfg.name)
-  check_choice("loss.kl_estimator", cfg.kl_estimator)
   mask_BT = jnp.asarray(batch.loss_mask) > 0
   token_w_BT = jnp.asarray(batch.token_weights, jnp.float32)
   sample_w_B = jnp.asarray(batch.sample_weights, jnp.float32)

@@ -17,7 +17,6 @@ import jax.numpy as jnp
 from scalerl_jax.config import LossConfig
 from scalerl_jax.rl import advantages as adv_lib
 from scalerl_jax.rl import aggregation, filters
-from scalerl_jax.rl.choices import check_choice
 
 
 class Prepared(NamedTuple):
@@ -51,8 +50,6 @@ def prepare(rewards_PG, loss_mask_BT, truncated_PG, cfg: LossConfig, *, lengths_
   over all P), kept_prompts, samples_in_loss, tokens_in_loss, truncated_frac, adv_mean/std/min/max/abs_mean over
   in-loss samples, adv_scale (the batch-normalization divisor, 1 for prompt/none).
   """
-  for key in ("name", "aggregation", "adv_norm", "kl_estimator"):  # fail before any work, naming the key
-    check_choice(f"loss.{key}", getattr(cfg, key))
   r_PG = jnp.asarray(rewards_PG, jnp.float32)
   P, G = r_PG.shape
   mask_BT = jnp.asarray(loss_mask_BT, jnp.float32)
