@@ -67,12 +67,19 @@ def test_reference_solutions_score_one_and_fit_the_char_vocabulary(cls, knob):
     assert sol.endswith("$") and tok.decode(tok.encode(rec.text + sol)) == rec.text + sol
 
 
-@pytest.mark.parametrize("config, tasks", [
-    (None, (AdditionTask, CountdownTask)),  # the RolloutConfig defaults serve both built-in tasks
-    (REPO / "configs" / "cpu_default.yaml", (AdditionTask,)),  # the CPU default's budget is sized to addition
+# the countdown budget configs/cpu_default.yaml names (the defaults, the CPU recipe's, are sized to addition)
+COUNTDOWN = ("data.task=countdown", "rollout.max_prefill_len=16", "rollout.prefill_buckets=[16]",
+             "rollout.max_new_tokens=24", "model.max_seq_len=40", "rollout.interruption.think_budget_min=14",
+             "rollout.interruption.think_budget_max=18", "rollout.interruption.answer_budget=8")
+
+
+@pytest.mark.parametrize("config, overrides, tasks", [
+    (None, (), (AdditionTask,)),  # the code defaults are the CPU recipe: sized to addition
+    (REPO / "configs" / "cpu_default.yaml", (), (AdditionTask,)),
+    (REPO / "configs" / "cpu_default.yaml", COUNTDOWN, (AdditionTask, CountdownTask)),
 ])
-def test_builtin_prompts_and_solutions_fit_the_rollout_budget(config, tasks):
-  rollout, tok = load_config(config).rollout, CharTokenizer()
+def test_builtin_prompts_and_solutions_fit_the_rollout_budget(config, overrides, tasks):
+  rollout, tok = load_config(config, overrides).rollout, CharTokenizer()
   for cls in tasks:
     task = _small(cls, 3)
     for rec in task.train_records():

@@ -18,7 +18,8 @@ config's Literal types, checked when the config is loaded or built, never again 
   loss.zero_variance_filter / exclude_truncated / length_penalty / leave_one_out / kl_coef   filters, shaping
 
 Recipes as keys:
-  ScaleRL   defaults: cispo, adv_norm=batch, aggregation=prompt, zero_variance_filter, exclude_truncated
+  ScaleRL   defaults: cispo, adv_norm=batch, aggregation=prompt, zero_variance_filter; loss.exclude_truncated=true
+            as in configs/scalerl_8b.yaml (the CPU default keeps truncated samples, see cpu_default.yaml)
   GRPO      loss.name=grpo loss.adv_norm=prompt loss.aggregation=sample
   Dr.GRPO   loss.name=grpo loss.adv_norm=none loss.aggregation=seq_mean_token_sum   (see losses.py: equal to
             Dr.GRPO's constant-normaliser loss up to the constant L_max; aggregation=token is verl's reading)
