@@ -14,7 +14,10 @@ class ComputeMeter:
 
   def __init__(self, generator_devices: int, trainer_devices: int, colocated: bool, state: Optional[dict] = None):
     self.gen_devices, self.train_devices, self.colocated = generator_devices, trainer_devices, colocated
-    state = state or {}
+    self.load_state(state or {})
+
+  def load_state(self, state: dict) -> None:
+    """Continue the counters of a checkpoint's `state()` (a resumed run)."""
     self.wall_s = state.get("wall_s", 0.0)
     self.gen_flops = state.get("gen_flops", 0.0)
     self.train_flops = state.get("train_flops", 0.0)
@@ -22,6 +25,12 @@ class ComputeMeter:
     self.train_busy_s = state.get("train_busy_s", 0.0)
     self._mark: Optional[float] = None
     self._excluded = 0.0
+
+  def count_tokens(self, generated: int, trained: int, flops_per_token) -> None:
+    """Analytic FLOPs of one step: `flops_per_token(backward)` per generated (forward) and trained (forward +
+    backward) token."""
+    self.gen_flops += generated * flops_per_token(False)
+    self.train_flops += trained * flops_per_token(True)
 
   def start(self) -> None:
     self._mark, self._excluded = time.perf_counter(), 0.0

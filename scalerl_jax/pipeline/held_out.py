@@ -6,6 +6,7 @@ per-prompt success counts go into the metrics so the curve fit can use a binomia
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -18,8 +19,10 @@ from scalerl_jax.rollout.sampling import GREEDY, SamplingParams
 class Evaluator:
   """Scores params on the held-out prompts with the run's reward runner (its failures are counted there too)."""
 
-  def __init__(self, driver, tokenizer, rewards, seed: int):
+  def __init__(self, driver, tokenizer, rewards, prompts: Sequence[types.Prompt], n: int, temperature: float,
+               seed: int):
     self.driver, self.tokenizer, self.rewards, self.seed = driver, tokenizer, rewards, seed
+    self.prompts, self.n, self.temperature = list(prompts), n, temperature  # fixed at start, never trained on
 
   def correctness(self, params: Any, version: int, prompts: Sequence[types.Prompt], n: int,
                   sampling: SamplingParams) -> np.ndarray:
@@ -28,9 +31,12 @@ class Evaluator:
     scored = self.rewards.score_groups(groups, self.tokenizer.decode)
     return np.stack([g.success for g in scored]) if scored else np.zeros((0, n), bool)
 
-  def evaluate(self, params: Any, version: int, prompts: Sequence[types.Prompt], n: int, temperature: float) -> dict:
+  def evaluate(self, params: Any, version: int) -> dict:
+    """mean@n at the evaluation temperature, greedy pass@1, per-prompt counts, and the wall time it took."""
+    t0 = time.perf_counter()
+    prompts, n = self.prompts, self.n
     greedy_P1 = self.correctness(params, version, prompts, 1, GREEDY)
-    correct_PN = self.correctness(params, version, prompts, n, SamplingParams(temperature=temperature))
+    correct_PN = self.correctness(params, version, prompts, n, SamplingParams(temperature=self.temperature))
     counts = correct_PN.sum(axis=1)
     out = eval_metrics(correct_PN, ks=(1, n))
     out.update({
@@ -42,5 +48,6 @@ class Evaluator:
         "eval/per_prompt_correct": counts.tolist(),
         "eval/interruption_rate": self.driver.last_eval_stats.interruption_rate,
         "eval/truncation_rate": self.driver.last_eval_stats.truncation_rate,
+        "eval/seconds": time.perf_counter() - t0,
     })
     return out

@@ -38,8 +38,8 @@ from scalerl_jax.pipeline.compute import ComputeMeter
 from scalerl_jax.pipeline.data_cursor import DataCursor
 from scalerl_jax.pipeline.held_out import Evaluator
 from scalerl_jax.pipeline.interrupts import stop_on_interrupt
-from scalerl_jax.pipeline.orchestrator import (AdmissionPolicy, BatchBuffer, GeneratorThread, PipelineError,
-                                               run_pipeline, run_synchronous)
+from scalerl_jax.pipeline.orchestrator import (AdmissionPolicy, BatchBuffer, GeneratorThread, run_pipeline,
+                                               run_synchronous)
 from scalerl_jax.pipeline.sinks import MetricsLogger, ProgressBar
 from scalerl_jax.pipeline.weight_sync import WeightSync
 from scalerl_jax.rewards import make_reward_runner
@@ -78,28 +78,32 @@ class RLJob:
     self.engine = Engine(self.policy, r, self.generator_layout.mesh, stop_ids=[self.tokenizer.eos_id],
                          phrase_ids=self.tokenizer.encode(it.phrase), end_marker_ids=self.tokenizer.encode(it.end_marker))
     self.driver = RolloutDriver(self.engine, seed=cfg.seed)
-    self.evaluator = Evaluator(self.driver, self.tokenizer, self.rewards, seed=cfg.seed + 1)
-    self.eval_prompts, _ = encode_records(self.task.eval_records(), self.tokenizer, s.L, d.long_prompts)
+    p = cfg.pipeline
+    self.evaluator = Evaluator(self.driver, self.tokenizer, self.rewards,
+                               encode_records(self.task.eval_records(), self.tokenizer, s.L, d.long_prompts)[0],
+                               p.eval_samples, p.eval_temperature, seed=cfg.seed + 1)
     # loss -> update
     self.optimizer = make_optimizer(cfg.optimizer)
-    self.state_sh = state_shardings(self.policy, self.optimizer, self.trainer_layout.mesh, self.trainer_layout.rules)
+    self._trainer = (self.trainer_layout.mesh, self.trainer_layout.rules)
+    self.state_sh = state_shardings(self.policy, self.optimizer, *self._trainer)
     self.batch_sh = types.TrainBatch.of(rows=self.trainer_layout.batch(1, s.B), tokens=self.trainer_layout.batch(2, s.B))
     self.layout = PromptLayout(s.G, s.L, s.N) if cfg.trainer.shared_prompt else None
     self.train_step = make_train_step(make_rl_loss(self.policy, cfg.loss, r.temperature, self.layout),
                                       self.optimizer, cfg.trainer.micro_batches, self.state_sh, self.batch_sh,
                                       metrics_init=rl.empty_metrics, metrics_combine=rl.accumulate_metrics,
                                       micro_batch_block=s.G if self.layout else 1)
+    # token positions the step runs through the model (each prompt once per group with the shared-prompt loss)
+    self.trained_tokens = self.layout.trained_tokens(s.B) if self.layout else s.B * s.T
+    self._flops_per_token = lambda backward: flops_per_token(cfg.model, s.T // 2, backward=backward)
     self.admission = AdmissionPolicy.from_config(cfg.pipeline.mode, cfg.pipeline.max_lag)
     self.ckpt = RunCheckpointer(self.run_dir / "checkpoints", cfg.checkpoint.keep)
     self.meter = ComputeMeter(len(gen_devices), len(trainer_devices), cfg.mesh.generator_devices == 0)
     self.state: Optional[TrainState] = None
     self.start_step = self.version = 0
     self.sync: Optional[WeightSync] = None
-    self.logger: Optional[MetricsLogger] = None
-    self._pending: Optional[types.StepRecord] = None  # the last step's metrics, read one step late
+    self.log: Optional[step_metrics.StepLog] = None  # holds the last step's metrics, read one step late
     self._interrupt = threading.Event()
     self._last_eval_step = -1
-    self._bar: Optional[ProgressBar] = None
     self._generator: Optional[GeneratorThread] = None
     self.summary: dict[str, Any] = {}
 
@@ -120,7 +124,7 @@ class RLJob:
       target = restore_target(self.policy, self.optimizer, self.state_sh)
       self.state, meta = self.ckpt.restore(target, self.cfg, latest)
       self.cursor.restore(meta["data_states"][jax.process_index()], meta["npr"])
-      self.meter = ComputeMeter(self.meter.gen_devices, self.meter.train_devices, self.meter.colocated, meta["compute"])
+      self.meter.load_state(meta["compute"])
       self.start_step = int(meta["step"])
       self.summary.update(meta.get("summary", {}))
       self._last_eval_step = meta.get("last_eval_step", -1)
@@ -128,11 +132,10 @@ class RLJob:
     else:
       params = None
       if self.cfg.warm_start.enabled and self.cfg.data.task != "file":
-        params, info = warm_start(self.cfg, self.policy, self.trainer_layout.mesh, self.trainer_layout.rules, self.task,
-                                  self.tokenizer, progress=self.progress)
+        params, info = warm_start(self.cfg, self.policy, *self._trainer, self.task, self.tokenizer,
+                                  progress=self.progress)
         self.summary.update(info)
-      self.state = init_train_state(self.policy, self.optimizer, self.trainer_layout.mesh, self.trainer_layout.rules, self.cfg.seed,
-                                    params)
+      self.state = init_train_state(self.policy, self.optimizer, *self._trainer, self.cfg.seed, params)
       (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
     self.version = self.start_step
     # samples of batch b draw from keys derived from their admission number: continue the numbering on resume
@@ -140,8 +143,10 @@ class RLJob:
     abstract_batch = types.TrainBatch.abstract(self.shapes.B, self.shapes.T, self.batch_sh)
     self._step_fn = self.train_step.lower(self.state, abstract_batch).compile()  # before the loop, not in it
     warm_prepare(self.shapes, self.cfg.loss)
-    self.logger = MetricsLogger(self.run_dir, self.cfg.logging.tensorboard,
-                                resume_step=self.start_step if latest is not None else None)
+    logger = MetricsLogger(self.run_dir, self.cfg.logging.tensorboard,
+                           resume_step=self.start_step if latest is not None else None)
+    bar = ProgressBar(self.progress, self.cfg.pipeline.steps, self.start_step, f"RL ({self.cfg.pipeline.mode})")
+    self.log = step_metrics.StepLog(logger, bar, self.meter, self.evaluate)
     self.sync = WeightSync(self.engine.param_shardings, self.state.params, self.version)
 
   # ---- one step (trainer thread; `score` is also called by the generator thread) --------------------------
@@ -152,10 +157,7 @@ class RLJob:
     """Train step `batch.index` on a complete batch; publish weights; log; evaluate and checkpoint on schedule."""
     t0 = time.perf_counter()
     cfg, step = self.cfg, batch.index
-    oldest = step_metrics.oldest_version(batch)
-    if oldest is not None and oldest < self.admission.oldest_allowed(step):
-      raise PipelineError(f"step {step}: batch holds tokens of version {oldest}, older than the bound "
-                          f"{self.admission.oldest_allowed(step)} (mode {cfg.pipeline.mode}, k={self.admission.k})")
+    self.admission.check(batch)
     packed = pack_groups(batch.groups, self.shapes.T, self.tokenizer.pad_id)
     train_batch, prepare_metrics = build_train_batch(packed, cfg.loss, self.layout)
     t_train = time.perf_counter()
@@ -167,49 +169,29 @@ class RLJob:
       self.sync.publish(self.state.params, self.version)
     sync_s = time.perf_counter() - t_train - train_s
     data_metrics = self.cursor.record(packed.prompt_ids, [g.pass_rate for g in batch.groups])
-    self._flush_pending()  # the previous step's device metrics are ready by now: read them one step late
+    self._flush()  # the previous step's device metrics are ready by now: read them one step late
     host = step_metrics.host_metrics(batch, prepare_metrics, data_metrics, sync_s, wait_s, self.version)
-    context = self.shapes.T // 2
-    self.meter.gen_flops += host["rollout/tokens"] * flops_per_token(cfg.model, context)
-    train_tokens = self.layout.trained_tokens(self.shapes.B) if self.layout else self.shapes.B * self.shapes.T
-    self.meter.train_flops += train_tokens * flops_per_token(cfg.model, context, backward=True)
-    self._pending = types.StepRecord(step, device_metrics, host, train_tokens / train_s,
-                                     time.perf_counter() - t0 + wait_s, wait_s)
+    self.meter.count_tokens(host["rollout/tokens"], self.trained_tokens, self._flops_per_token)
+    self.log.hold(types.StepRecord(step, device_metrics, host, self.trained_tokens / train_s,
+                                   time.perf_counter() - t0 + wait_s, wait_s))
     self.meter.train_busy_s += time.perf_counter() - t0
-    self.logger.write_prompts(step, list(packed.prompt_ids))
+    self.log.logger.write_prompts(step, list(packed.prompt_ids))
     if cfg.pipeline.eval_every and self.version % cfg.pipeline.eval_every == 0:
-      self._flush_pending(evaluate=True)
+      self._flush(evaluate=True)
     if self.version % cfg.checkpoint.every_steps == 0:
-      self._flush_pending()  # the metrics of every step a checkpoint covers are written before it
+      self._flush()  # the metrics of every step a checkpoint covers are written before it
       self.checkpoint()
     return not self._interrupt.is_set()
 
-  def _flush_pending(self, evaluate: bool = False) -> None:
-    if self._pending is None:
-      return
-    record, self._pending = self._pending, None
-    self.meter.tick()
-    gen = self._generator.stats if self._generator is not None else None
-    out = step_metrics.finish(record, gen)
-    if gen is not None:
-      self.meter.gen_busy_s = gen.busy_s
-    if evaluate:
-      out.update(self.evaluate())
-    out.update(self.meter.metrics())
-    self.logger.write(record.step + 1, out)
-    self._bar.update(out)
+  def _flush(self, evaluate: bool = False) -> None:
+    self.log.flush(self._generator.stats if self._generator is not None else None, evaluate)
 
   def evaluate(self) -> dict:
     """Held-out mean@n at the eval temperature and greedy pass@1 of the published params (time excluded from
     compute)."""
-    t0 = time.perf_counter()
-    params, _ = self.weights.latest()
-    p = self.cfg.pipeline
-    out = self.evaluator.evaluate(params, self.version, self.eval_prompts, p.eval_samples, p.eval_temperature)
+    out = self.evaluator.evaluate(self.weights.latest()[0], self.version)
     self._last_eval_step = self.version
-    dt = time.perf_counter() - t0
-    self.meter.exclude(dt)
-    out["eval/seconds"] = dt
+    self.meter.exclude(out["eval/seconds"])
     return out
 
   def checkpoint(self) -> None:
@@ -226,17 +208,15 @@ class RLJob:
   # ---- loops -------------------------------------------------------------------------------------------
   def _begin(self) -> None:
     self.setup()
-    self._bar = ProgressBar(self.progress, self.cfg.pipeline.steps, self.start_step, f"RL ({self.cfg.pipeline.mode})")
     if self.start_step == 0 and self.cfg.pipeline.eval_every:
-      self.logger.write(0, {**self.evaluate(), **self.meter.metrics()})  # R0: the curve's starting point
+      self.log.logger.write(0, {**self.evaluate(), **self.meter.metrics()})  # R0: the curve's starting point
     self.meter.start()
 
   def _finish(self) -> dict:
-    self._flush_pending(evaluate=self._last_eval_step != self.version)
+    self._flush(evaluate=self._last_eval_step != self.version)
     if self.version > self.start_step and self.ckpt.latest_step() != self.version:
       self.checkpoint()
-    self._bar.close()
-    self.logger.close()
+    self.log.close()
     self.summary.update({"steps": self.version, "run_dir": str(self.run_dir)})
     return self.summary
 
@@ -248,15 +228,8 @@ class RLJob:
         driver=self.driver, next_prompts=self.cursor.next_batch, score=self.score, weights=self.weights,
         policy=self.admission, samples=self.shapes.G, start=self.start_step, end=self.cfg.pipeline.steps,
         out=BatchBuffer(stop), stop=stop)
-    last = [time.perf_counter()]  # when the trainer last finished a step: the wait for the next batch starts there
-
-    def consume(batch: types.ScoredBatch) -> bool:
-      ok = self.consume(batch, wait_s=time.perf_counter() - last[0])
-      last[0] = time.perf_counter()
-      return ok
-
     with stop_on_interrupt(self._interrupt):
-      run_pipeline(generator=self._generator, consume=consume, start=self.start_step, end=self.cfg.pipeline.steps,
+      run_pipeline(generator=self._generator, consume=self.consume, start=self.start_step, end=self.cfg.pipeline.steps,
                    interrupted=self._interrupt.is_set)
     return self._finish()
 

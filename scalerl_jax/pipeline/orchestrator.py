@@ -70,6 +70,15 @@ class AdmissionPolicy:
       return (step // self.k) * self.k
     return step - self.k
 
+  def check(self, batch: types.ScoredBatch) -> None:
+    """Raises PipelineError if the batch holds a token older than the bound (admission makes that impossible;
+    the trainer checks anyway, so a bug could never train silently off-policy)."""
+    versions = [int(s.versions[s.versions >= 0].min()) for g in batch.groups for s in g.samples
+                if (s.versions >= 0).any()]
+    if versions and min(versions) < self.oldest_allowed(batch.index):
+      raise PipelineError(f"step {batch.index}: batch holds tokens of version {min(versions)}, older than the "
+                          f"bound {self.oldest_allowed(batch.index)} (mode {self.mode}, k={self.k})")
+
 
 class BatchBuffer:
   """Completed batches by index; `get(b)` waits for batch b, polling the stop event."""
@@ -164,11 +173,13 @@ class GeneratorThread(threading.Thread):
       stats.busy_s += time.perf_counter() - t
 
 
-def run_pipeline(*, generator: GeneratorThread, consume: Callable[[types.ScoredBatch], bool], start: int, end: int,
+def run_pipeline(*, generator: GeneratorThread, consume: Callable[[types.ScoredBatch, float], bool], start: int,
+                 end: int,
                  interrupted: Callable[[], bool], join_timeout: float = 30.0) -> int:
   """Runs the generator thread and feeds batches start..end-1 to `consume` on this thread in order.
 
-  `consume(batch)` trains one step and returns False to stop early. Returns the number of steps consumed.
+  `consume(batch, wait_s)` trains one step (`wait_s`: how long the trainer waited for that batch) and returns False
+  to stop early. Returns the number of steps consumed.
   Raises PipelineError (chained to the generator's exception) when the generator thread failed.
   """
   stop = generator.stop_event
@@ -178,11 +189,12 @@ def run_pipeline(*, generator: GeneratorThread, consume: Callable[[types.ScoredB
     for step in range(start, end):
       if interrupted():
         break
+      t0 = time.perf_counter()
       batch = generator.out.get(step)
       if batch is None:  # stopped: the generator failed (or someone else stopped the run)
         break
       done += 1
-      if not consume(batch):
+      if not consume(batch, time.perf_counter() - t0):
         break
   finally:
     stop.set()

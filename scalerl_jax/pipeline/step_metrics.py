@@ -1,5 +1,6 @@
 """The numbers one RL step logs, in two halves: the host half right after the step is dispatched
 (`host_metrics`), the device half one step later (`finish`), when the device scalars are ready without waiting.
+`StepLog` holds the pending step and writes it (with an evaluation when one is due) to the sinks.
 
 Keys are `group/name`: train/ (loss diagnostics, grad and update norms, throughput), rollout/ (tokens, truncation,
 interruption, reward failures), pipeline/ (lag of the consumed tokens, weight-sync time, trainer wait, generator
@@ -8,12 +9,14 @@ idle), data/ (epoch, NPR), compute/ (the curve's x axis, from ComputeMeter).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import jax
 import numpy as np
 
+from typing import Callable, Optional
+
 from scalerl_jax import rl, types
+from scalerl_jax.pipeline.compute import ComputeMeter
+from scalerl_jax.pipeline.sinks import MetricsLogger, ProgressBar
 
 
 def host_metrics(batch: types.ScoredBatch, prepare_metrics: dict, data_metrics: dict, sync_s: float, wait_s: float,
@@ -35,12 +38,6 @@ def host_metrics(batch: types.ScoredBatch, prepare_metrics: dict, data_metrics: 
   }
 
 
-def oldest_version(batch: types.ScoredBatch) -> Optional[int]:
-  """The oldest policy version among the batch's sampled tokens (None if it has none)."""
-  olds = [int(s.versions[s.versions >= 0].min()) for g in batch.groups for s in g.samples if (s.versions >= 0).any()]
-  return min(olds) if olds else None
-
-
 def finish(record: types.StepRecord, generator_stats=None) -> dict:
   """The step's full metrics once its device scalars are ready (read one step late)."""
   device = jax.device_get(record.device_metrics)
@@ -58,3 +55,36 @@ def finish(record: types.StepRecord, generator_stats=None) -> dict:
     out["pipeline/generator_idle_frac"] = g.idle_s / max(g.idle_s + g.busy_s, 1e-9)
     out["pipeline/in_flight_weight_updates"] = g.in_flight_updates
   return out
+
+
+class StepLog:
+  """The trainer's metric writer: `hold` the step just dispatched; `flush` writes the held one (its device scalars
+  are ready by the time the next step has been dispatched), with compute and, when asked, a held-out evaluation."""
+
+  def __init__(self, logger: MetricsLogger, bar: ProgressBar, meter: ComputeMeter, evaluate: Callable[[], dict]):
+    self.logger, self.bar, self.meter, self._evaluate = logger, bar, meter, evaluate
+    self._pending: Optional[types.StepRecord] = None
+
+  def hold(self, record: types.StepRecord) -> None:
+    """Keeps the step just dispatched (the previous one must have been flushed: its compute is counted first)."""
+    if self._pending is not None:
+      raise RuntimeError(f"step {self._pending.step} was never flushed")
+    self._pending = record
+
+  def flush(self, generator_stats=None, evaluate: bool = False) -> None:
+    if self._pending is None:
+      return
+    record, self._pending = self._pending, None
+    self.meter.tick()
+    out = finish(record, generator_stats)
+    if generator_stats is not None:
+      self.meter.gen_busy_s = generator_stats.busy_s
+    if evaluate:
+      out.update(self._evaluate())
+    out.update(self.meter.metrics())
+    self.logger.write(record.step + 1, out)
+    self.bar.update(out)
+
+  def close(self) -> None:
+    self.bar.close()
+    self.logger.close()
