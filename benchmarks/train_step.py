@@ -5,7 +5,7 @@
 
 Times jax.jit(jax.grad(sum(weights * log-probs))) for `token_logprobs` (every row runs prompt + completion) and for
 `completion_logprobs` (the prompt runs once per group, the completions attend to its KV): the two paths the train
-step chooses between with `pipeline.shared_prompt`. Median of --repeats after a warm-up call; prints a table and
+step chooses between with `trainer.shared_prompt`. Median of --repeats after a warm-up call; prints a table and
 writes JSON with the date, the machine and the command to --out.
 """
 

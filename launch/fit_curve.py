@@ -59,7 +59,6 @@ def main(argv=None) -> int:
   if args.plot:
     from scalerl_jax.scaling import plots
     ax = plots.plot_fit(runs[0]) if len(runs) == 1 else plots.plot_comparison(runs)
-    ax.set_xlabel(args.x.replace("_", " "))
     plots.save(ax.figure, args.plot)
   return 0
 

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import pathlib
+import time
+
 from scalerl_jax.config import load_config
+
+# Set to "RUN_DIR:STEP" in a child process's environment: every reward call made after step STEP was consumed
+# blocks for good (after touching RUN_DIR/paused), so a test can kill the child at a known point without racing it.
+PAUSE_ENV = "SCALERL_TEST_PAUSE_AFTER_STEP"
 
 TINY = [
     "model.vocab_size=32", "model.hidden=32", "model.intermediate=64", "model.num_layers=1", "model.num_heads=2",
@@ -21,7 +30,18 @@ TINY = [
 
 def reward_digit_one(completion: str, answer: str) -> float:
   """A reward a random tiny policy earns about half the time, so groups have variance and the loss is non-zero."""
+  if os.environ.get(PAUSE_ENV):
+    _pause_if_past_step(*os.environ[PAUSE_ENV].rsplit(":", 1))
   return float("1" in completion[:3])
+
+
+def _pause_if_past_step(run_dir: str, step: str) -> None:
+  prompts = pathlib.Path(run_dir) / "consumed_prompts.jsonl"
+  lines = prompts.read_text().splitlines() if prompts.exists() else []
+  if any(json.loads(l)["step"] >= int(step) for l in lines if l.strip()):
+    (pathlib.Path(run_dir) / "paused").touch()
+    while True:  # the test kills the process now
+      time.sleep(1)
 
 
 def tiny_config(run_dir, *overrides):

@@ -1,5 +1,6 @@
-"""kill -9 and resume: a short run is SIGKILLed right after a checkpoint and again in the middle of a step; each
-resume continues the data order with no prompt lost or duplicated, and the metrics continue."""
+"""kill -9 and resume: a short run is SIGKILLed after a checkpoint and, resumed, again between two checkpoints (held
+at each kill point by a reward that blocks once a given step was consumed, so where the kill lands does not depend
+on speed); each resume continues the data order with no prompt lost or duplicated, and the metrics continue."""
 
 import json
 import os
@@ -13,7 +14,7 @@ from scalerl_jax.data.npr import NPRState
 from scalerl_jax.data.prompt_stream import PromptStream
 from scalerl_jax.data.tasks import make_task
 from scalerl_jax.data.tokenizer import make_tokenizer
-from tests.pipeline_helpers import TINY, tiny_config
+from tests.pipeline_helpers import PAUSE_ENV, TINY, tiny_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 STEPS = 8
@@ -23,8 +24,9 @@ def _command(run_dir):
   return [sys.executable, str(ROOT / "launch" / "train.py"), f"run_dir={run_dir}", *TINY, f"pipeline.steps={STEPS}"]
 
 
-def _env():
+def _env(**extra):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device: the colocated default
+  env.update(extra)
   env["PYTHONUNBUFFERED"] = "1"
   env["PYTHONPATH"] = str(ROOT)  # the reward function lives in tests/ (user code on the user's path)
   return env
@@ -34,8 +36,8 @@ def _lines(path):
   return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
 
 
-def _start(run_dir, log):
-  return subprocess.Popen(_command(run_dir), cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+def _start(run_dir, log, **env):
+  return subprocess.Popen(_command(run_dir), cwd=ROOT, env=_env(**env), stdout=log, stderr=subprocess.STDOUT,
                           stdin=subprocess.DEVNULL)
 
 
@@ -65,11 +67,15 @@ def test_sigkill_after_checkpoint_and_mid_step_then_resume(tmp_path):
   run_dir = tmp_path / "run"
   prompts_file, metrics_file = run_dir / "consumed_prompts.jsonl", run_dir / "metrics.jsonl"
   with open(tmp_path / "log.txt", "wb") as log:
-    # 1. killed right after the step-4 checkpoint committed
-    _kill_when(_start(run_dir, log), lambda: (run_dir / "checkpoints" / "4").is_dir())
-    # 2. resumed, then killed in the middle of a later step (a prompt record past the checkpoint exists)
-    _kill_when(_start(run_dir, log), lambda: any(r["step"] >= 5 for r in _lines(prompts_file)))
-    assert max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()) < STEPS
+    # 1. killed after the step-4 checkpoint committed and before the step-6 one: held once step 4 is consumed
+    _kill_when(_start(run_dir, log, **{PAUSE_ENV: f"{run_dir}:4"}), lambda: (run_dir / "paused").exists())
+    assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()) == [2, 4]
+    (run_dir / "paused").unlink()
+    # 2. resumed, then killed between checkpoints: once step 5 is consumed every reward call blocks (the held-out
+    #    evaluation at version 6 comes before the step-6 checkpoint), so the run is held after step 5 for the kill
+    _kill_when(_start(run_dir, log, **{PAUSE_ENV: f"{run_dir}:5"}), lambda: (run_dir / "paused").exists())
+    assert any(r["step"] == 5 for r in _lines(prompts_file))
+    assert max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()) <= 4
     # 3. resumed to the end
     final = _start(run_dir, log)
     assert final.wait(timeout=300) == 0, (tmp_path / "log.txt").read_text()[-3000:]

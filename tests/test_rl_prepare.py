@@ -107,7 +107,7 @@ def test_zero_variance_groups_contribute_exactly_zero_to_the_loss():
 def test_truncated_samples_are_excluded_from_group_stats_and_loss():
   rewards = [[1, 0, 0], [1, 1, 0]]
   truncated = [[False, False, True], [False, False, True]]
-  out = prep(rewards, LossConfig(adv_norm="none"), truncated=truncated)
+  out = prep(rewards, LossConfig(adv_norm="none", exclude_truncated=True), truncated=truncated)
   # p0 over valid [1, 0]: mean 0.5 -> [0.5, -0.5, 0]; p1 valid [1, 1] -> zero variance -> filtered
   np.testing.assert_allclose(out.advantages, [0.5, -0.5, 0, 0, 0, 0], atol=1e-7)
   w = np.asarray(out.token_weights)
@@ -174,7 +174,7 @@ def test_forced_tokens_carry_no_loss():
 
 
 def test_prepare_under_jit_matches_eager():
-  cfg = LossConfig(leave_one_out=True, length_penalty=True)
+  cfg = LossConfig(leave_one_out=True, length_penalty=True, exclude_truncated=True)
   kw = dict(lengths_PG=np.array([[20, 23, 9, 9]] * 2), correct_PG=np.array([[1, 1, 0, 0]] * 2, bool))
   mask, trunc = uniform_mask(2, 4), np.array([[0, 0, 0, 1], [0] * 4], bool)
   rewards = np.array(TWO_GROUPS, np.float32)

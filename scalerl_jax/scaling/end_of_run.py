@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Optional, Union
 
 from scalerl_jax.scaling.analysis import analyse, summary
-from scalerl_jax.scaling.io import load_points
+from scalerl_jax.scaling.io import DEFAULT_X, load_points
 from scalerl_jax.scaling.points import CurvePoints
 
 
-def fit_run(points: Union[CurvePoints, str], *, x: str = "accelerator_hours", fit_upto: float = 0.5,
+def fit_run(points: Union[CurvePoints, str], *, x: str = DEFAULT_X, fit_upto: float = 0.5,
             c_min: float = 0.0, bayes: bool = True, plot: Optional[str] = None, **kwargs) -> dict:
   """Fits one run and returns `summary` (JSON-ready); `plot` saves the fit plot there.
 
