@@ -42,11 +42,11 @@ def main(argv=None) -> int:
   from scalerl_jax.pipeline.job import RLJob  # after argument checks: importing jax takes a while
   from scalerl_jax.pipeline.report import final_report
 
-  try:
+  try:  # config, mesh, data, reward or resume problems: one clear line, no traceback
     job = RLJob(cfg)
-  except UserError as exc:  # config, mesh, data or resume: one clear line, no traceback
+    summary = job.run_sync() if args.sync else job.run()
+  except UserError as exc:
     parser.exit(2, f"train.py: error: {exc}\n")
-  summary = job.run_sync() if args.sync else job.run()
   print(final_report(cfg, summary))
   return 130 if job.interrupted else 0
 

@@ -138,10 +138,17 @@ class StepShapes:
   G: int  # samples per prompt
   L: int  # prompt width (rollout.max_prefill_len)
   N: int  # completion width (rollout.max_new_tokens)
+  processes: int = 1  # every process holds P of the step's prompts
 
   @property
   def B(self) -> int:
+    """Rows of the step on this process (host-local)."""
     return self.P * self.G
+
+  @property
+  def global_B(self) -> int:
+    """Rows of the step over all processes: the leading dim of the train step's global arrays."""
+    return self.B * self.processes
 
   @property
   def T(self) -> int:
@@ -150,7 +157,7 @@ class StepShapes:
   @classmethod
   def from_config(cls, cfg, process_count: int = 1) -> "StepShapes":
     return cls(P=cfg.data.prompts_per_step // process_count, G=cfg.data.samples_per_prompt,
-               L=cfg.rollout.max_prefill_len, N=cfg.rollout.max_new_tokens)
+               L=cfg.rollout.max_prefill_len, N=cfg.rollout.max_new_tokens, processes=process_count)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ import pytest
 
 from scalerl_jax import rl
 from scalerl_jax.config import LossConfig, ModelConfig, OptimizerConfig
-from scalerl_jax.mesh import TRAIN_RULES, batch_sharding, make_mesh
+from scalerl_jax.mesh import TRAIN_RULES, Layout, batch_sharding, make_mesh
 from scalerl_jax.model import Policy, next_token_loss
 from scalerl_jax.train.rl_loss import PromptLayout, make_rl_loss
 from scalerl_jax.train.state import init_train_state, make_optimizer, state_shardings
@@ -34,10 +34,10 @@ def _run(spec: str, devices, micro_batches: int, steps: int = 3):
   policy = Policy(CFG)
   opt = make_optimizer(OPT)
   mesh = make_mesh(spec, devices)
-  state = init_train_state(policy, opt, mesh, TRAIN_RULES, seed=0)
+  state = init_train_state(policy, opt, Layout(mesh, TRAIN_RULES), seed=0)
   loss_fn = lambda p, b: next_token_loss(policy, p, b["tokens"], b["weights"])
   bsh = batch_sharding(mesh, TRAIN_RULES, 2, B)
-  step = make_train_step(loss_fn, opt, micro_batches, state_shardings(policy, opt, mesh, TRAIN_RULES),
+  step = make_train_step(loss_fn, opt, micro_batches, state_shardings(policy, opt, Layout(mesh, TRAIN_RULES)),
                          {"tokens": bsh, "weights": bsh})
   batch = jax.device_put(_batch(), bsh)
   losses = []
@@ -112,11 +112,11 @@ def test_shared_prompt_rl_step_equals_full_rows_sharded_and_micro_batched():
 
   def run(spec, devices, layout, micro_batches):
     mesh = make_mesh(spec, devices)
-    state = init_train_state(policy, opt, mesh, TRAIN_RULES, seed=0)
+    state = init_train_state(policy, opt, Layout(mesh, TRAIN_RULES), seed=0)
     rows, cols = batch_sharding(mesh, TRAIN_RULES, 1, P * G), batch_sharding(mesh, TRAIN_RULES, 2, P * G)
     bsh = TrainBatch.of(rows=rows, tokens=cols)
     step = make_train_step(make_rl_loss(policy, loss_cfg, 1.0, layout), opt, micro_batches,
-                           state_shardings(policy, opt, mesh, TRAIN_RULES), bsh,
+                           state_shardings(policy, opt, Layout(mesh, TRAIN_RULES)), bsh,
                            metrics_init=rl.empty_metrics, metrics_combine=rl.accumulate_metrics,
                            micro_batch_block=G if layout else 1)
     losses = []

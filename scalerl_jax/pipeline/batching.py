@@ -41,7 +41,8 @@ def pack_groups(groups: Sequence[types.ScoredGroup], row_len: int, pad_id: int) 
       versions[b, L:L + N] = s.versions
       truncated[p, g], lengths[p, g], prompt_lengths[b] = s.truncated, N, L
   return types.PackedRows(
-      prompt_ids=tuple(g.prompt.prompt_id for g in groups), tokens_BT=tokens, loss_mask_BT=mask, gen_logprobs_BT=gen_logp, versions_BT=versions,
+      prompt_ids=tuple(g.prompt.prompt_id for g in groups), tokens_BT=tokens, loss_mask_BT=mask,
+      gen_logprobs_BT=gen_logp, versions_BT=versions,
       prompt_lengths_B=prompt_lengths, rewards_PG=np.stack([np.asarray(g.rewards, np.float32) for g in groups]),
       success_PG=np.stack([np.asarray(g.success, bool) for g in groups]), truncated_PG=truncated, lengths_PG=lengths)
 

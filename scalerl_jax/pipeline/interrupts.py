@@ -29,4 +29,5 @@ def stop_on_interrupt(flag: threading.Event):
   try:
     yield
   finally:
-    signal.signal(signal.SIGINT, previous)
+    if previous is not None:  # None: the previous handler was not installed from Python
+      signal.signal(signal.SIGINT, previous)

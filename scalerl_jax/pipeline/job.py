@@ -4,12 +4,19 @@ and its admission rule: orchestrator.py; weight sync and its ordering contract: 
     RLJob(cfg).run()       PipelineRL-k / PPO-off-policy-k with a generator thread (the product)
     RLJob(cfg).run_sync()  the synchronous reference loop: generate a batch, train on it, repeat (no threads)
 
-Threads: the trainer is the caller's thread; `run()` adds the generator thread, which calls `cursor.next_batch`
-and `score`. They share exactly two objects, each with its own lock: the DataCursor (prompt stream + NPR: the
-generator draws batches, the trainer records pass rates and checkpoints the stream) and the WeightBox inside
-WeightSync (the trainer publishes, the generator reads between decode chunks). The reward runner may score on
-both threads at once (held-out evaluation while the generator runs on): every call has its own state and the
-runner's totals are locked. Everything else on `self` belongs to the trainer thread.
+Threads: the trainer is the caller's thread; `run()` adds the generator thread, which drives `self.driver` and
+calls `cursor.next_batch` and `score`. What both threads touch, and why that is safe:
+  DataCursor      prompt stream + NPR (the generator draws batches; the trainer records pass rates, checkpoints
+                  the stream): one lock
+  WeightBox       (inside WeightSync) the trainer publishes, the generator reads between decode chunks: one lock
+  BatchBuffer     the generator puts scored batches, the trainer takes them in order: one condition + stop event
+  RewardRunner    both score at once (evaluation while the generator runs on): every call has its own state and
+                  the runner's totals are locked
+  Engine          jitted calls on explicit arguments; its cached version scalars are per call
+  tokenizer       read-only
+  GeneratorStats  plain counters the generator writes and the trainer reads for metrics (a stale read is fine)
+Evaluation has its own RolloutDriver on the same engine, so it never touches the generator's decode slots.
+Everything else on `self` belongs to the trainer thread.
 
 Versions: `self.version` is the one policy-version counter on the host: the optimizer steps taken (= state.step),
 set on setup and advanced by `consume`. Step s trains on batch s and turns version s into s + 1.
@@ -24,7 +31,7 @@ from typing import Any, Optional, Sequence
 
 import jax
 
-from scalerl_jax import distributed, rl, types
+from scalerl_jax import distributed, faults, rl, types
 from scalerl_jax.config import ConfigError, RunConfig, to_yaml
 from scalerl_jax.data.npr import NPRState
 from scalerl_jax.data.prompt_stream import PromptStream, encode_records
@@ -45,11 +52,14 @@ from scalerl_jax.pipeline.weight_sync import WeightSync
 from scalerl_jax.rewards import make_reward_runner
 from scalerl_jax.rollout.driver import RolloutDriver
 from scalerl_jax.rollout.engine import Engine
-from scalerl_jax.train.checkpoint import RunCheckpointer, config_fingerprint
+from scalerl_jax.train.checkpoint import ResumeError, RunCheckpointer, config_fingerprint
 from scalerl_jax.train.rl_loss import PromptLayout, make_rl_loss
 from scalerl_jax.train.state import TrainState, init_train_state, make_optimizer, restore_target, state_shardings
 from scalerl_jax.train.step import make_train_step
 from scalerl_jax.train.warmstart import warm_start
+
+
+_PROCESS_SEED_STRIDE = 1_000_003  # driver seed of process i: seed + i * stride (distinct sample streams)
 
 
 class RLJob:
@@ -75,25 +85,27 @@ class RLJob:
                                           process_index=jax.process_index(), process_count=jax.process_count()), npr)
     self.rewards = make_reward_runner(d, self.task.reward)
     it = r.interruption
-    self.engine = Engine(self.policy, r, self.generator_layout.mesh, stop_ids=[self.tokenizer.eos_id],
-                         phrase_ids=self.tokenizer.encode(it.phrase), end_marker_ids=self.tokenizer.encode(it.end_marker))
-    self.driver = RolloutDriver(self.engine, seed=cfg.seed)
+    self.engine = Engine(self.policy, r, self.generator_layout.mesh, rules=self.generator_layout.rules,
+                         stop_ids=[self.tokenizer.eos_id], phrase_ids=self.tokenizer.encode(it.phrase),
+                         end_marker_ids=self.tokenizer.encode(it.end_marker))
+    # each process draws its own random streams (one process: the run's seed itself)
+    self.driver = RolloutDriver(self.engine, seed=cfg.seed + _PROCESS_SEED_STRIDE * jax.process_index())
     p = cfg.pipeline
-    self.evaluator = Evaluator(self.driver, self.tokenizer, self.rewards,
+    self.evaluator = Evaluator(RolloutDriver(self.engine, seed=cfg.seed), self.tokenizer, self.rewards,
                                encode_records(self.task.eval_records(), self.tokenizer, s.L, d.long_prompts)[0],
                                p.eval_samples, p.eval_temperature, seed=cfg.seed + 1)
     # loss -> update
     self.optimizer = make_optimizer(cfg.optimizer)
-    self._trainer = (self.trainer_layout.mesh, self.trainer_layout.rules)
-    self.state_sh = state_shardings(self.policy, self.optimizer, *self._trainer)
-    self.batch_sh = types.TrainBatch.of(rows=self.trainer_layout.batch(1, s.B), tokens=self.trainer_layout.batch(2, s.B))
-    self.layout = PromptLayout(s.G, s.L, s.N) if cfg.trainer.shared_prompt else None
-    self.train_step = make_train_step(make_rl_loss(self.policy, cfg.loss, r.temperature, self.layout),
+    self.state_sh = state_shardings(self.policy, self.optimizer, self.trainer_layout)
+    self.batch_sh = types.TrainBatch.of(rows=self.trainer_layout.batch(1, s.global_B),
+                                        tokens=self.trainer_layout.batch(2, s.global_B))
+    self.prompt_layout = PromptLayout(s.G, s.L, s.N) if cfg.trainer.shared_prompt else None
+    self.train_step = make_train_step(make_rl_loss(self.policy, cfg.loss, r.temperature, self.prompt_layout),
                                       self.optimizer, cfg.trainer.micro_batches, self.state_sh, self.batch_sh,
                                       metrics_init=rl.empty_metrics, metrics_combine=rl.accumulate_metrics,
-                                      micro_batch_block=s.G if self.layout else 1)
+                                      micro_batch_block=s.G if self.prompt_layout else 1)
     # token positions the step runs through the model (each prompt once per group with the shared-prompt loss)
-    self.trained_tokens = self.layout.trained_tokens(s.B) if self.layout else s.B * s.T
+    self.trained_tokens = self.prompt_layout.trained_tokens(s.B) if self.prompt_layout else s.B * s.T
     self._flops_per_token = lambda backward: flops_per_token(cfg.model, s.T // 2, backward=backward)
     self.admission = AdmissionPolicy.from_config(cfg.pipeline.mode, cfg.pipeline.max_lag)
     self.ckpt = RunCheckpointer(self.run_dir / "checkpoints", cfg.checkpoint.keep)
@@ -123,7 +135,11 @@ class RLJob:
     if latest is not None:
       target = restore_target(self.policy, self.optimizer, self.state_sh)
       self.state, meta = self.ckpt.restore(target, self.cfg, latest)
-      self.cursor.restore(meta["data_states"][jax.process_index()], meta["npr"])
+      data_states = meta.get("data_states") or [meta["data"]]  # "data": written before per-process states
+      if len(data_states) != jax.process_count():
+        raise ResumeError(f"checkpoint {latest} holds the data state of {len(data_states)} processes; this run has "
+                          f"{jax.process_count()}: resume with as many processes as wrote it")
+      self.cursor.restore(data_states[jax.process_index()], meta["npr"])
       self.meter.load_state(meta["compute"])
       self.start_step = int(meta["step"])
       self.summary.update(meta.get("summary", {}))
@@ -132,15 +148,15 @@ class RLJob:
     else:
       params = None
       if self.cfg.warm_start.enabled and self.cfg.data.task != "file":
-        params, info = warm_start(self.cfg, self.policy, *self._trainer, self.task, self.tokenizer,
+        params, info = warm_start(self.cfg, self.policy, self.trainer_layout, self.task, self.tokenizer,
                                   progress=self.progress)
         self.summary.update(info)
-      self.state = init_train_state(self.policy, self.optimizer, *self._trainer, self.cfg.seed, params)
+      self.state = init_train_state(self.policy, self.optimizer, self.trainer_layout, self.cfg.seed, params)
       (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
     self.version = self.start_step
     # samples of batch b draw from keys derived from their admission number: continue the numbering on resume
     self.driver.first_uid = self.start_step * self.cfg.data.prompts_per_step
-    abstract_batch = types.TrainBatch.abstract(self.shapes.B, self.shapes.T, self.batch_sh)
+    abstract_batch = types.TrainBatch.abstract(self.shapes.global_B, self.shapes.T, self.batch_sh)
     self._step_fn = self.train_step.lower(self.state, abstract_batch).compile()  # before the loop, not in it
     warm_prepare(self.shapes, self.cfg.loss)
     logger = MetricsLogger(self.run_dir, self.cfg.logging.tensorboard,
@@ -157,20 +173,22 @@ class RLJob:
     """Train step `batch.index` on a complete batch; publish weights; log; evaluate and checkpoint on schedule."""
     t0 = time.perf_counter()
     cfg, step = self.cfg, batch.index
-    self.admission.check(batch)
     packed = pack_groups(batch.groups, self.shapes.T, self.tokenizer.pad_id)
-    train_batch, prepare_metrics = build_train_batch(packed, cfg.loss, self.layout)
+    self.admission.check(step, packed.versions_BT)
+    train_batch, prepare_metrics = build_train_batch(packed, cfg.loss, self.prompt_layout)
     t_train = time.perf_counter()
+    faults.point("train_step")
     self.state, device_metrics = self._step_fn(self.state, distributed.to_global(train_batch, self.batch_sh))
     jax.block_until_ready(self.state.params)  # dispatch is asynchronous: wait, so train time is the step's own
     train_s = time.perf_counter() - t_train
     self.version = step + 1
     if self.admission.publishes(self.version):
+      faults.point("weight_sync")
       self.sync.publish(self.state.params, self.version)
-    sync_s = time.perf_counter() - t_train - train_s
+    sync_s = self.sync.last_seconds if self.admission.publishes(self.version) else 0.0
     data_metrics = self.cursor.record(packed.prompt_ids, [g.pass_rate for g in batch.groups])
     self._flush()  # the previous step's device metrics are ready by now: read them one step late
-    host = step_metrics.host_metrics(batch, prepare_metrics, data_metrics, sync_s, wait_s, self.version)
+    host = step_metrics.host_metrics(batch, packed, prepare_metrics, data_metrics, sync_s, wait_s, self.version)
     self.meter.count_tokens(host["rollout/tokens"], self.trained_tokens, self._flops_per_token)
     self.log.hold(types.StepRecord(step, device_metrics, host, self.trained_tokens / train_s,
                                    time.perf_counter() - t0 + wait_s, wait_s))
@@ -181,6 +199,7 @@ class RLJob:
     if self.version % cfg.checkpoint.every_steps == 0:
       self._flush()  # the metrics of every step a checkpoint covers are written before it
       self.checkpoint()
+    faults.point("step_end")
     return not self._interrupt.is_set()
 
   def _flush(self, evaluate: bool = False) -> None:
@@ -189,6 +208,7 @@ class RLJob:
   def evaluate(self) -> dict:
     """Held-out mean@n at the eval temperature and greedy pass@1 of the published params (time excluded from
     compute)."""
+    faults.point("evaluate")
     out = self.evaluator.evaluate(self.weights.latest()[0], self.version)
     self._last_eval_step = self.version
     self.meter.exclude(out["eval/seconds"])
@@ -202,6 +222,7 @@ class RLJob:
             "npr": npr_state, "compute": self.meter.state(), "last_eval_step": self._last_eval_step,
             "fingerprint": config_fingerprint(self.cfg),
             "summary": {k: v for k, v in self.summary.items() if isinstance(v, (int, float, str))}}
+    faults.point("checkpoint_save")
     self.ckpt.save(step, self.state, meta)
     self.meter.exclude(time.perf_counter() - t0)
 

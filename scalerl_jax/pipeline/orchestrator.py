@@ -1,7 +1,7 @@
 """PipelineRL-k and PPO-off-policy-k: one controller process, a generator thread and the trainer (main thread).
 
     ┌──────────────── generator thread (generator mesh) ─────────────────┐
-    │ admit batch b  iff  policy.may_admit(b, v_gen)                     │   prompts: data pipeline, in order
+    │ admit batch b  iff  policy.may_admit(b, v_gen)                     │   prompts: DataCursor, in order
     │ driver.step(params_gen, v_gen): refill slots, N fused decode steps │◄── WeightBox: latest (params, v)
     │ finished group -> reward -> slot of batch b; batch b complete ──┐  │    read between decode chunks
     └─────────────────────────────────────────────────────────────────┼──┘
@@ -36,9 +36,9 @@ import dataclasses
 import threading
 import time
 import traceback
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
-from scalerl_jax import types
+from scalerl_jax import faults, types
 from scalerl_jax.pipeline.weight_sync import WeightBox
 
 
@@ -70,14 +70,14 @@ class AdmissionPolicy:
       return (step // self.k) * self.k
     return step - self.k
 
-  def check(self, batch: types.ScoredBatch) -> None:
-    """Raises PipelineError if the batch holds a token older than the bound (admission makes that impossible;
-    the trainer checks anyway, so a bug could never train silently off-policy)."""
-    versions = [int(s.versions[s.versions >= 0].min()) for g in batch.groups for s in g.samples
-                if (s.versions >= 0).any()]
-    if versions and min(versions) < self.oldest_allowed(batch.index):
-      raise PipelineError(f"step {batch.index}: batch holds tokens of version {min(versions)}, older than the "
-                          f"bound {self.oldest_allowed(batch.index)} (mode {self.mode}, k={self.k})")
+  def check(self, step: int, versions_BT) -> None:
+    """Raises PipelineError if step `step`'s tokens (their versions, -1 where none) include one older than the
+    bound (admission makes that impossible; the trainer checks anyway, so a bug never trains silently
+    off-policy)."""
+    sampled = versions_BT[versions_BT >= 0]
+    if sampled.size and sampled.min() < self.oldest_allowed(step):
+      raise PipelineError(f"step {step}: batch holds tokens of version {sampled.min()}, older than the bound "
+                          f"{self.oldest_allowed(step)} (mode {self.mode}, k={self.k})")
 
 
 class BatchBuffer:
@@ -164,6 +164,7 @@ class GeneratorThread(threading.Thread):
         stats.idle_s += time.perf_counter() - t
         continue
       t = time.perf_counter()
+      faults.point("rollout_step")
       finished = driver.step(params, version)
       for rollout_group, group in zip(finished, self.score(finished)):
         b, pos = where.pop(rollout_group.uid)
@@ -216,6 +217,7 @@ def run_synchronous(*, driver, next_prompts: Callable[[int], Sequence[types.Prom
     uids = {driver.submit(prompt, samples): pos for pos, prompt in enumerate(next_prompts(step))}
     groups: list = [None] * len(uids)
     while driver.busy or driver.queued_prompts:
+      faults.point("rollout_step")
       finished = driver.step(params, version)
       for rollout_group, group in zip(finished, score(finished)):
         groups[uids[rollout_group.uid]] = group

@@ -19,11 +19,11 @@ from scalerl_jax.pipeline.compute import ComputeMeter
 from scalerl_jax.pipeline.sinks import MetricsLogger, ProgressBar
 
 
-def host_metrics(batch: types.ScoredBatch, prepare_metrics: dict, data_metrics: dict, sync_s: float, wait_s: float,
-                 version: int) -> dict:
+def host_metrics(batch: types.ScoredBatch, packed: types.PackedRows, prepare_metrics: dict, data_metrics: dict,
+                 sync_s: float, wait_s: float, version: int) -> dict:
   """What the host knows right after step `batch.index`: its rollouts, the lag of its tokens, the data state."""
   samples = [s for g in batch.groups for s in g.samples]
-  versions = np.concatenate([s.versions[s.versions >= 0] for s in samples])
+  versions = packed.versions_BT[packed.versions_BT >= 0]
   lag = batch.index - versions if versions.size else np.zeros(1)
   return {
       **{f"train/{k}": v for k, v in prepare_metrics.items()},

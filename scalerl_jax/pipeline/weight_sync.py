@@ -50,11 +50,6 @@ class WeightBox:
     with self._cond:
       return self._params, self._version
 
-  @property
-  def version(self) -> int:
-    with self._cond:
-      return self._version
-
   def wait_newer(self, version: int, timeout: float) -> None:
     with self._cond:
       self._cond.wait_for(lambda: self._version > version, timeout=timeout)

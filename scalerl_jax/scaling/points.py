@@ -6,7 +6,8 @@ Conventions (the trainer's metrics.jsonl, and CSVs read by `io.py`):
   * curve points are the later points with C > 0 and C >= c_min (the paper drops points below ~1.5k GPU-hours);
   * the fit window holds the curve points with C <= fit_upto * max C; the rest are held out, for extrapolation.
 
-Shape legend: N evaluation points, P held-out prompts.
+Arrays are per evaluation point (one entry per metrics.jsonl evaluation), per-prompt counts [points, P] with P
+held-out prompts as in the package legend (scalerl_jax/types.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ import json
 import pathlib
 from typing import Any, Optional
 
-import jax
 import orbax.checkpoint as ocp
 
 from scalerl_jax.config import RunConfig
@@ -71,7 +70,3 @@ class RunCheckpointer:
 
   def close(self) -> None:
     self._mgr.close()
-
-
-def abstract_like(tree: Any, shardings: Any) -> Any:
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)

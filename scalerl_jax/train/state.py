@@ -7,15 +7,14 @@ gives NamedShardings, and `jax.jit(init, out_shardings=...)` creates each shard 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh
 
 from scalerl_jax.config import OptimizerConfig
-from scalerl_jax.mesh import logical_to_sharding, replicated
+from scalerl_jax.mesh import Layout, replicated
 from scalerl_jax.model import Policy
 
 
@@ -43,20 +42,19 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
   return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw) if cfg.grad_clip > 0 else adamw
 
 
-def state_shardings(policy: Policy, optimizer: optax.GradientTransformation, mesh: Mesh,
-                    rules: Mapping[str, Any]) -> TrainState:
+def state_shardings(policy: Policy, optimizer: optax.GradientTransformation, layout: Layout) -> TrainState:
   """NamedShardings for every leaf of the TrainState: optimizer moments follow their params."""
-  param_sh = logical_to_sharding(policy.logical_axes, policy.param_shapes, mesh, rules)
+  param_sh = layout.shardings(policy.logical_axes, policy.param_shapes)
   abstract_opt = jax.eval_shape(optimizer.init, policy.param_shapes)
   opt_sh = optax.tree_map_params(optimizer, lambda _, sh: sh, abstract_opt, param_sh,
-                                 transform_non_params=lambda _: replicated(mesh))
-  return TrainState(params=param_sh, opt_state=opt_sh, step=replicated(mesh))
+                                 transform_non_params=lambda _: replicated(layout.mesh))
+  return TrainState(params=param_sh, opt_state=opt_sh, step=replicated(layout.mesh))
 
 
-def init_train_state(policy: Policy, optimizer: optax.GradientTransformation, mesh: Mesh, rules: Mapping[str, Any],
-                     seed: int, params: Any = None) -> TrainState:
+def init_train_state(policy: Policy, optimizer: optax.GradientTransformation, layout: Layout, seed: int,
+                     params: Any = None) -> TrainState:
   """Sharded TrainState from a seed, or around given params (e.g. a warm start), each leaf born sharded."""
-  shardings = state_shardings(policy, optimizer, mesh, rules)
+  shardings = state_shardings(policy, optimizer, layout)
 
   def from_params(p):
     return TrainState(params=p, opt_state=optimizer.init(p), step=jnp.zeros((), jnp.int32))

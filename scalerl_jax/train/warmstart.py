@@ -25,9 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scalerl_jax import faults
 from scalerl_jax.config import RunConfig
 from scalerl_jax.types import StepShapes
-from scalerl_jax.mesh import batch_sharding
+from scalerl_jax.mesh import Layout
 from scalerl_jax.model import Policy, load_params, next_token_loss, save_params, token_logprobs
 from scalerl_jax.train.state import init_train_state, make_optimizer, state_shardings
 from scalerl_jax.train.step import make_train_step
@@ -75,7 +76,7 @@ def solution_rows(task, records, tokenizer):
   return supervised_rows(prompts, solutions, -(-longest // 8) * 8, tokenizer.pad_id)
 
 
-def warm_start(cfg: RunConfig, policy: Policy, mesh, rules, task, tokenizer,
+def warm_start(cfg: RunConfig, policy: Policy, layout: Layout, task, tokenizer,
                progress: bool = True) -> tuple[Any, dict]:
   """Params after the supervised warm start (from the cache when present) and a summary dict."""
   path = cache_path(cfg, task)
@@ -85,15 +86,15 @@ def warm_start(cfg: RunConfig, policy: Policy, mesh, rules, task, tokenizer,
 
   ws = cfg.warm_start
   opt = make_optimizer(dataclasses.replace(cfg.optimizer, lr=ws.lr, warmup_steps=0, eps=ws.eps, grad_clip=ws.grad_clip))
-  state = init_train_state(policy, opt, mesh, rules, seed=cfg.seed)
+  state = init_train_state(policy, opt, layout, seed=cfg.seed)
   # rows as long as the longest example rounded up to 8 (no compute on padding), within the rollout budget
   tokens_all, mask_all = solution_rows(task, task.train_records(), tokenizer)
   budget = StepShapes.from_config(cfg).T
   tokens_all, mask_all = tokens_all[:, :budget], mask_all[:, :budget]
   evaluate = reference_pass_rate_fn(policy, *solution_rows(task, task.warmstart_val_records(), tokenizer))
-  bsh = batch_sharding(mesh, rules, 2, ws.batch_size)
+  bsh = layout.batch(2, ws.batch_size)
   step_fn = make_train_step(lambda p, b: next_token_loss(policy, p, b["tokens"], b["weights"]), opt, 1,
-                            state_shardings(policy, opt, mesh, rules), {"tokens": bsh, "weights": bsh})
+                            state_shardings(policy, opt, layout), {"tokens": bsh, "weights": bsh})
   rng = np.random.default_rng(cfg.seed)
   t0, pass_rate, history = time.perf_counter(), 0.0, []
   bar = None
@@ -105,6 +106,7 @@ def warm_start(cfg: RunConfig, policy: Policy, mesh, rules, task, tokenizer,
     idx = rng.choice(len(tokens_all), ws.batch_size, replace=False)
     mask = mask_all[idx]
     batch = jax.device_put({"tokens": tokens_all[idx], "weights": mask / mask.sum()}, bsh)
+    faults.point("warm_start_step")
     state, metrics = step_fn(state, batch)
     if bar is not None:
       bar.update(1)

@@ -31,8 +31,8 @@ KEYS = ("train/loss", "train/reward_mean", "train/grad_norm", "train/update_norm
 
 
 def golden_numbers(run_dir: pathlib.Path) -> dict:
-  """Runs the golden configuration (synchronous loop, then PipelineRL k=2 is not used: threads make timing
-  visible) in `run_dir` and returns its summary."""
+  """Runs the golden configuration in `run_dir` with the synchronous loop (no threads, so nothing depends on
+  timing; PipelineRL-0 equals it bit for bit, tests/test_pipeline.py) and returns its summary."""
   from scalerl_jax.config import load_config
   from scalerl_jax.pipeline.job import RLJob
 

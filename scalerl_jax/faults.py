@@ -1,0 +1,54 @@
+"""Failpoints for the fault-injection tests: named places in the code where a test can make the process die.
+
+Off unless the environment variable SCALERL_FAULTS is set, and then a dictionary lookup per call. Its value is a
+comma-separated list of `NAME@N` (SIGKILL this process the N-th time `point(NAME)` is reached) or
+`NAME@N+MS` (the N-th time, arm a timer that SIGKILLs it MS milliseconds later, wherever it then is: a kill *during*
+the work that follows the point, e.g. inside a checkpoint write). A test chooses N and MS from a seed.
+
+The points (grep `faults.point`): warm_start_step, rollout_step, train_step, weight_sync, checkpoint_save,
+evaluate, step_end.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import threading
+
+ENV = "SCALERL_FAULTS"
+
+
+def _parse(spec: str) -> dict[str, tuple[int, float]]:
+  out = {}
+  for item in filter(None, (s.strip() for s in spec.split(","))):
+    name, _, when = item.partition("@")
+    count, _, delay = when.partition("+")
+    out[name] = (int(count or 1), float(delay) / 1000.0 if delay else 0.0)
+  return out
+
+
+_PLAN = _parse(os.environ.get(ENV, ""))
+_HITS: collections.Counter = collections.Counter()
+_LOCK = threading.Lock()
+
+
+def _kill() -> None:
+  os.kill(os.getpid(), signal.SIGKILL)
+
+
+def point(name: str) -> None:
+  """A failpoint; does nothing unless SCALERL_FAULTS names it."""
+  if not _PLAN or name not in _PLAN:
+    return
+  with _LOCK:
+    _HITS[name] += 1
+    hit = _HITS[name]
+  count, delay = _PLAN[name]
+  if hit != count:
+    return
+  if delay <= 0:
+    _kill()
+  timer = threading.Timer(delay, _kill)
+  timer.daemon = True
+  timer.start()
