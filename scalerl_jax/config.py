@@ -17,10 +17,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import pathlib
 import typing
 from typing import Any, Literal, Optional, Sequence, Tuple
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -159,6 +161,7 @@ class DataConfig(_Choices):
   answer_field: str = "answer"
   id_field: str = ""  # empty: a stable id is derived from the row's content
   tokenizer: str = "char"  # char | path to a tokenizer.json
+  eos_token: str = ""  # a tokenizer.json's end-of-sequence token when it has none of the usual names
   chat_template: str = ""
   digits: int = 3  # built-in tasks' difficulty knob
   num_train: int = 20000  # built-in tasks: training pool size
@@ -169,8 +172,11 @@ class DataConfig(_Choices):
   skip_bad_rows: bool = False
   long_prompts: LongPrompts = "error"
   reward_fn: str = ""  # dotted path; empty = the task's own verifier
-  reward_timeout_s: float = 5.0
-  failure_reward: float = 0.0
+  reward_timeout_s: float = 5.0  # per call; a call past it is killed (its worker process replaced) and scored a failure
+  reward_workers: int = 2  # processes that run verifiers which can hang (a user's reward_fn, math-verify)
+  # the score of a call that raised, timed out or returned no finite number, on the reward scale; null = the
+  # scale's lowest reward (0 under 01, -1 under pm1), so a failed verification never beats a wrong answer
+  failure_reward: Optional[float] = None
   reward_scale: RewardScale = "01"
   npr: NPRConfig = dataclasses.field(default_factory=NPRConfig)
 
@@ -192,6 +198,9 @@ class TrainerConfig:
   micro_batches: int = 1  # the step batch runs in this many slices of whole groups (gradients accumulated)
   # the trainer computes each prompt once per group instead of once per sample (same loss and gradient)
   shared_prompt: bool = True
+  # a step whose loss or gradients are not finite is skipped (params and optimizer state untouched) and counted;
+  # this many in a row stop the run with the last good checkpoint
+  max_skipped_steps: int = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,6 +334,13 @@ def validate(cfg: RunConfig) -> RunConfig:
   need(d.samples_per_prompt > 1, "data.samples_per_prompt", "must be >= 2 (advantages are group-relative)")
   need(d.task != "file" or bool(d.path), "data.path", "is required when data.task=file")
   need(d.reward_timeout_s > 0, "data.reward_timeout_s", "must be positive")
+  need(d.reward_workers >= 1, "data.reward_workers", "must be >= 1")
+  lowest = 0.0 if d.reward_scale == "01" else -1.0
+  need(d.failure_reward is None or d.failure_reward <= lowest, "data.failure_reward",
+       f"must be at most the lowest reward of data.reward_scale={d.reward_scale} ({lowest:g}) or null, so a failed "
+       "verification never scores above a wrong answer")
+  need(d.num_eval > 0, "data.num_eval", "must be positive (the held-out set the curve is measured on)")
+  need(d.task == "file" or d.num_train > 0, "data.num_train", "must be positive")
   need(0 < d.npr.threshold <= 1, "data.npr.threshold", "must be in (0, 1]")
   need(d.npr.min_observations >= 1, "data.npr.min_observations", "must be >= 1")
   o = cfg.optimizer
@@ -341,10 +357,36 @@ def validate(cfg: RunConfig) -> RunConfig:
   need(p.eval_samples > 0, "pipeline.eval_samples", "must be positive")
   need(0 < cfg.curve_fit.fit_upto <= 1, "curve_fit.fit_upto", "must be in (0, 1]")
   need(cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1")
+  need(cfg.checkpoint.every_steps > 0, "checkpoint.every_steps", "must be positive")
+  need(p.eval_every >= 0, "pipeline.eval_every", "must be >= 0 (0 = no periodic evaluation)")
+  need(cfg.trainer.max_skipped_steps >= 1, "trainer.max_skipped_steps", "must be >= 1")
+  w = cfg.warm_start
+  if w.enabled:
+    need(w.max_steps > 0, "warm_start.max_steps", "must be positive (or warm_start.enabled=false)")
+    need(w.eval_every > 0, "warm_start.eval_every", "must be positive")
+    need(w.batch_size > 0, "warm_start.batch_size", "must be positive")
+    need(d.task == "file" or w.batch_size <= d.num_train, "warm_start.batch_size",
+         f"must be at most the training pool, data.num_train={d.num_train}")
+    need(w.lr > 0, "warm_start.lr", "must be positive")
   need(cfg.mesh.generator_devices >= 0, "mesh.generator_devices", "must be >= 0")
+  for key, value in _floats(cfg):
+    if not math.isfinite(value):
+      errors.append(f"{key}: must be a finite number (got {value!r})")
   if errors:
     raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
   return cfg
+
+
+def _floats(cfg: Any, prefix: str = "") -> list[tuple[str, float]]:
+  """Every float-valued key of a config (nested groups included), with its dotted name."""
+  out = []
+  for f in dataclasses.fields(cfg):
+    value = getattr(cfg, f.name)
+    if dataclasses.is_dataclass(value):
+      out += _floats(value, f"{prefix}{f.name}.")
+    elif isinstance(value, float):
+      out.append((prefix + f.name, value))
+  return out
 
 
 def _clean(exc: OmegaConfBaseException, source: str) -> ConfigError:
@@ -366,12 +408,27 @@ def _file_chain(path: Optional[str | pathlib.Path]) -> list[pathlib.Path]:
     if path.resolve() in [p.resolve() for p in chain]:
       raise ConfigError(f"{path}: base chain loops")
     chain.insert(0, path)
-    try:
-      base = OmegaConf.load(path).get("base")
-    except OmegaConfBaseException as exc:
-      raise _clean(exc, str(path)) from None
+    base = _load_yaml(path).get("base")
     path = (path.parent / base) if base else None
   return chain
+
+
+def _load_yaml(path: pathlib.Path):
+  """One YAML file through OmegaConf (yaml.safe_load rules: tags such as !!python/... are refused, never run);
+  syntax errors, tabs, duplicate keys and bad encodings become a ConfigError naming the file and line."""
+  try:
+    return OmegaConf.load(path)
+  except OmegaConfBaseException as exc:
+    raise _clean(exc, str(path)) from None
+  except yaml.YAMLError as exc:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    raise ConfigError(f"{where}: not valid YAML: {problem}") from None
+  except UnicodeDecodeError as exc:
+    raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+  except OSError as exc:
+    raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
 
 
 def _override(item: str) -> Any:
@@ -391,8 +448,8 @@ def load_config(path: Optional[str | pathlib.Path] = None, overrides: Sequence[s
   """
   merged = OmegaConf.structured(RunConfig)
   for file in _file_chain(path):
+    loaded = _load_yaml(file)
     try:
-      loaded = OmegaConf.load(file)
       loaded.pop("base", None)
       merged = OmegaConf.merge(merged, loaded)
     except OmegaConfBaseException as exc:

@@ -185,4 +185,10 @@ class RewardRunner:
 def make_reward_runner(cfg, task_reward: RewardFn) -> RewardRunner:
   """From a DataConfig: `data.reward_fn` (dotted path) if set, else the task's own verifier."""
   fn = load_reward_fn(cfg.reward_fn) if cfg.reward_fn else task_reward
-  return RewardRunner(fn, cfg.reward_timeout_s, cfg.failure_reward, cfg.reward_scale)
+  failure = cfg.failure_reward if cfg.failure_reward is not None else lowest_reward(cfg.reward_scale)
+  return RewardRunner(fn, cfg.reward_timeout_s, failure, cfg.reward_scale)
+
+
+def lowest_reward(scale: str) -> float:
+  """The lowest reward of a scale: what a failed verification scores unless data.failure_reward says otherwise."""
+  return 0.0 if scale == "01" else -1.0
