@@ -14,8 +14,10 @@ Resume: the state is (epoch, K_e, grain iterator state within the epoch) plus a 
 and shard. It is taken between batches, so nothing is buffered outside grain, and restoring it (with the NPR state
 of the same checkpoint) yields exactly the remaining sequence. A checkpoint must hold every process's state.
 
-NPR: a prompt solved during epoch e is dropped from epoch e + 1 on (the snapshot K is taken when an epoch starts),
-never from the epoch in progress. An epoch with no prompt left for this process raises DataError.
+NPR: a prompt solved during epoch e is dropped from epoch e + 1 on, never from the epoch in progress. The snapshot
+K of a new epoch is `npr_count` when the caller passes it to `next_batch` (the pipeline passes the count as of a
+fixed step, see data/npr.py), else the NPR state's count now. An epoch with no prompt left for this process raises
+PromptsExhausted.
 
 grain runs without worker processes or read threads (`ReadOptions(num_threads=0)`): the work per prompt is an index
 lookup, and grain's multiprocessing would need absl flags and a __main__ guard in every entry point. The epoch's
@@ -38,6 +40,11 @@ from scalerl_jax.data.npr import NPRState
 from scalerl_jax.data.sources import DataError, Record
 
 _STATE_VERSION = 1
+
+
+class PromptsExhausted(DataError):
+  """No-Positive-Resampling left no training prompt for a new epoch (the run can stop cleanly with a checkpoint
+  and continue with NPR relaxed)."""
 
 
 def encode_records(records: Sequence[Record], tokenizer, max_prefill_len: int, long_prompts: str = "error"
@@ -108,7 +115,7 @@ class PromptStream:
     active = np.array([i for i, p in enumerate(self._prompts) if p.prompt_id not in removed], np.int64)
     usable = len(active) - len(active) % self.process_count
     if usable == 0:
-      raise DataError(f"epoch {epoch}: no training prompts left for {self.process_count} process(es): "
+      raise PromptsExhausted(f"epoch {epoch}: no training prompts left for {self.process_count} process(es): "
                       f"{len(self._prompts) - len(active)} of {len(self._prompts)} were removed by "
                       f"No-Positive-Resampling (data.npr.threshold)")
     order = np.random.default_rng(_epoch_seed(self.seed, epoch)).permutation(active)
@@ -118,14 +125,17 @@ class PromptStream:
     self._npr_removed = npr_removed
     self.epoch_size = len(ds)  # prompts this process sees in this epoch
 
-  def next_batch(self) -> list[types.Prompt]:
-    """The next `batch_size` prompts; crosses into the next epoch (re-filtered by NPR) when this one ends."""
+  def next_batch(self, npr_count: Optional[int] = None) -> list[types.Prompt]:
+    """The next `batch_size` prompts; crosses into the next epoch (re-filtered by NPR: the first `npr_count`
+    solved prompts, default all solved so far) when this one ends."""
     batch = []
     while len(batch) < self.batch_size:
       try:
         batch.append(self._prompts[int(next(self._iter))])
       except StopIteration:
-        self._start_epoch(self.epoch + 1, self.npr.num_removed if self.npr is not None else 0)
+        filtering = self.npr is not None and self.npr.cfg.enabled
+        count = (self.npr.num_removed if npr_count is None else npr_count) if filtering else 0
+        self._start_epoch(self.epoch + 1, count)
     return batch
 
   def get_state(self) -> dict:

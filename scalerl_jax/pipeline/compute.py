@@ -1,10 +1,21 @@
 """Compute accounting: the curve's x axis (accelerator-seconds of the generator and trainer meshes, analytic
-FLOPs), with time that is not compute (evaluation, checkpoints) excluded."""
+FLOPs), with time that is not compute excluded: evaluation, checkpoints, and XLA compilation (jax reports every
+trace / lowering / backend compile through jax.monitoring; `count_compilation` subtracts them, so a resumed run,
+whose first steps recompile, does not book its restart as compute)."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from typing import Optional
+
+import jax
+
+# the jax.monitoring duration events that together make one compilation
+COMPILE_EVENTS = frozenset({"/jax/core/compile/jaxpr_trace_duration",
+                            "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                            "/jax/core/compile/backend_compile_duration"})
 
 
 class ComputeMeter:
@@ -25,6 +36,8 @@ class ComputeMeter:
     self.train_busy_s = state.get("train_busy_s", 0.0)
     self._mark: Optional[float] = None
     self._excluded = 0.0
+    self._lock = threading.Lock()  # compile events arrive from any thread
+    self.compile_s = state.get("compile_s", 0.0)  # compilation excluded so far (for the record)
 
   def count_tokens(self, generated: int, trained: int, flops_per_token) -> None:
     """Analytic FLOPs of one step: `flops_per_token(backward)` per generated (forward) and trained (forward +
@@ -36,17 +49,34 @@ class ComputeMeter:
     self._mark, self._excluded = time.perf_counter(), 0.0
 
   def exclude(self, seconds: float) -> None:
-    self._excluded += seconds
+    with self._lock:
+      self._excluded += seconds
+
+  @contextlib.contextmanager
+  def count_compilation(self):
+    """While inside, XLA compilation time (on any thread) is excluded from the wall time."""
+    def listener(event: str, duration: float, **_) -> None:
+      if event in COMPILE_EVENTS:
+        self.exclude(duration)
+        with self._lock:
+          self.compile_s += duration
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+      yield
+    finally:
+      jax.monitoring.unregister_event_duration_listener(listener)
 
   def tick(self) -> None:
     now = time.perf_counter()
-    if self._mark is not None:
-      self.wall_s += max(now - self._mark - self._excluded, 0.0)
-    self._mark, self._excluded = now, 0.0
+    with self._lock:
+      if self._mark is not None:
+        self.wall_s += max(now - self._mark - self._excluded, 0.0)
+      self._mark, self._excluded = now, 0.0
 
   def state(self) -> dict:
     return {"wall_s": self.wall_s, "gen_flops": self.gen_flops, "train_flops": self.train_flops,
-            "gen_busy_s": self.gen_busy_s, "train_busy_s": self.train_busy_s}
+            "gen_busy_s": self.gen_busy_s, "train_busy_s": self.train_busy_s, "compile_s": self.compile_s}
 
   def metrics(self) -> dict:
     if self.colocated:
@@ -64,4 +94,5 @@ class ComputeMeter:
         "compute/generator_flops": self.gen_flops,
         "compute/trainer_flops": self.train_flops,
         "compute/wall_seconds": self.wall_s,
+        "compute/compile_seconds_excluded": self.compile_s,
     }

@@ -19,20 +19,22 @@ from scalerl_jax.data.prompt_stream import PromptStream
 
 class DataCursor:
 
-  def __init__(self, stream: PromptStream, npr: NPRState):
-    self.stream, self.npr = stream, npr
+  def __init__(self, stream: PromptStream, npr: NPRState, max_lag: int = 0):
+    self.stream, self.npr, self.max_lag = stream, npr, max_lag
     self._lock = threading.Lock()
     self._before: dict[int, dict] = {}  # batch index -> the stream's state before that batch was drawn
 
   def next_batch(self, batch_index: int) -> list[types.Prompt]:
+    """Batch `batch_index`. An epoch it starts is filtered by NPR as of step batch_index - k: those steps are done
+    whenever the admission rule lets the generator draw this batch, however far the trainer has got since."""
     with self._lock:
       self._before[batch_index] = self.stream.get_state()
-      return self.stream.next_batch()
+      return self.stream.next_batch(npr_count=self.npr.num_removed_before(batch_index - self.max_lag))
 
-  def record(self, prompt_ids: Sequence[str], pass_rates: Sequence[float]) -> dict:
-    """NPR update for one consumed step; returns the data metrics (`data/...`) after it."""
+  def record(self, step: int, prompt_ids: Sequence[str], pass_rates: Sequence[float]) -> dict:
+    """NPR update with the groups of step `step`; returns the data metrics (`data/...`) after it."""
     with self._lock:
-      self.npr.update(list(prompt_ids), list(pass_rates))
+      self.npr.update(list(prompt_ids), list(pass_rates), step)
       return {**self.stream.metrics(), "data/npr_removed": self.npr.num_removed}
 
   def state_before(self, step: int) -> tuple[dict, dict]:

@@ -29,11 +29,12 @@ class Evaluator:
     """bool[P, n]: which samples of each prompt succeeded."""
     groups = self.driver.generate_all(params, version, prompts, n, sampling=sampling, seed=self.seed)
     scored = self.rewards.score_groups(groups, self.tokenizer.decode)
+    self._failures += sum(g.reward_failures for g in scored)
     return np.stack([g.success for g in scored]) if scored else np.zeros((0, n), bool)
 
   def evaluate(self, params: Any, version: int) -> dict:
     """mean@n at the evaluation temperature, greedy pass@1, per-prompt counts, and the wall time it took."""
-    t0 = time.perf_counter()
+    t0, self._failures = time.perf_counter(), 0
     prompts, n = self.prompts, self.n
     greedy_P1 = self.correctness(params, version, prompts, 1, GREEDY)
     correct_PN = self.correctness(params, version, prompts, n, SamplingParams(temperature=self.temperature))
@@ -48,6 +49,7 @@ class Evaluator:
         "eval/per_prompt_correct": counts.tolist(),
         "eval/interruption_rate": self.driver.last_eval_stats.interruption_rate,
         "eval/truncation_rate": self.driver.last_eval_stats.truncation_rate,
+        "eval/reward_failures": self._failures,  # verifier calls that raised or timed out, scored as failures
         "eval/seconds": time.perf_counter() - t0,
     })
     return out

@@ -33,8 +33,9 @@ import jax
 
 from scalerl_jax import distributed, faults, rl, types
 from scalerl_jax.config import ConfigError, RunConfig, to_yaml
+from scalerl_jax.errors import UserError
 from scalerl_jax.data.npr import NPRState
-from scalerl_jax.data.prompt_stream import PromptStream, encode_records
+from scalerl_jax.data.prompt_stream import PromptsExhausted, PromptStream, encode_records
 from scalerl_jax.data.tasks import make_task
 from scalerl_jax.data.tokenizer import make_tokenizer
 from scalerl_jax.mesh import ROLLOUT_AXES, ROLLOUT_RULES, TRAIN_RULES, Layout, make_mesh, split_devices
@@ -44,18 +45,18 @@ from scalerl_jax.pipeline.batching import build_train_batch, pack_groups, warm_p
 from scalerl_jax.pipeline.compute import ComputeMeter
 from scalerl_jax.pipeline.data_cursor import DataCursor
 from scalerl_jax.pipeline.held_out import Evaluator
-from scalerl_jax.pipeline.interrupts import stop_on_interrupt
-from scalerl_jax.pipeline.orchestrator import (AdmissionPolicy, BatchBuffer, GeneratorThread, run_pipeline,
-                                               run_synchronous)
+from scalerl_jax.pipeline.interrupts import Interrupts
+from scalerl_jax.pipeline.orchestrator import (AdmissionPolicy, BatchBuffer, GeneratorStats, GeneratorThread,
+                                               PipelineError, run_pipeline, run_synchronous)
 from scalerl_jax.pipeline.sinks import MetricsLogger, ProgressBar
-from scalerl_jax.pipeline.weight_sync import WeightSync
+from scalerl_jax.pipeline.weight_sync import WeightSync, to_rollout_layout
 from scalerl_jax.rewards import make_reward_runner
 from scalerl_jax.rollout.driver import RolloutDriver
 from scalerl_jax.rollout.engine import Engine
 from scalerl_jax.train.checkpoint import ResumeError, RunCheckpointer, config_fingerprint
 from scalerl_jax.train.rl_loss import PromptLayout, make_rl_loss
 from scalerl_jax.train.state import TrainState, init_train_state, make_optimizer, restore_target, state_shardings
-from scalerl_jax.train.step import make_train_step
+from scalerl_jax.train.step import NonFiniteError, make_train_step
 from scalerl_jax.train.warmstart import warm_start
 
 
@@ -82,9 +83,15 @@ class RLJob:
     self.task = make_task(d)
     npr = NPRState(d.npr)
     self.cursor = DataCursor(PromptStream(self.task.train_records(), d, self.tokenizer, s.L, npr=npr,
-                                          process_index=jax.process_index(), process_count=jax.process_count()), npr)
+                                          process_index=jax.process_index(), process_count=jax.process_count()), npr,
+                             max_lag=AdmissionPolicy.from_config(cfg.pipeline.mode, cfg.pipeline.max_lag).k)
     self.rewards = make_reward_runner(d, self.task.reward)
     it = r.interruption
+    budget = it.think_budget_max + len(self.tokenizer.encode(it.phrase)) + it.answer_budget
+    if it.enabled and budget > r.max_new_tokens:
+      raise ConfigError(f"rollout.max_new_tokens: {r.max_new_tokens} cannot hold think_budget_max "
+                        f"{it.think_budget_max} + the phrase's {budget - it.think_budget_max - it.answer_budget} tokens "
+                        f"+ answer_budget {it.answer_budget} = {budget}")
     self.engine = Engine(self.policy, r, self.generator_layout.mesh, rules=self.generator_layout.rules,
                          stop_ids=[self.tokenizer.eos_id], phrase_ids=self.tokenizer.encode(it.phrase),
                          end_marker_ids=self.tokenizer.encode(it.end_marker))
@@ -114,14 +121,21 @@ class RLJob:
     self.start_step = self.version = 0
     self.sync: Optional[WeightSync] = None
     self.log: Optional[step_metrics.StepLog] = None  # holds the last step's metrics, read one step late
-    self._interrupt = threading.Event()
+    self._interrupt = Interrupts()  # SIGINT / SIGTERM: checkpoint at the next step boundary, then stop
     self._last_eval_step = -1
+    self._skipped_in_a_row = 0  # steps whose update was not applied (non-finite loss or gradient)
     self._generator: Optional[GeneratorThread] = None
+    self._gen_stats = GeneratorStats()  # the generator thread's own, or the synchronous loop's
     self.summary: dict[str, Any] = {}
 
   @property
   def interrupted(self) -> bool:
     return self._interrupt.is_set()
+
+  @property
+  def exit_code(self) -> int:
+    """0, or 128 + the signal that stopped the run (130 Ctrl-C, 143 SIGTERM)."""
+    return self._interrupt.exit_code
 
   @property
   def weights(self):
@@ -182,11 +196,13 @@ class RLJob:
     jax.block_until_ready(self.state.params)  # dispatch is asynchronous: wait, so train time is the step's own
     train_s = time.perf_counter() - t_train
     self.version = step + 1
+    skipped = int(device_metrics["skipped"])  # the step has finished (blocked on above): a cheap read
+    self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
     if self.admission.publishes(self.version):
       faults.point("weight_sync")
       self.sync.publish(self.state.params, self.version)
     sync_s = self.sync.last_seconds if self.admission.publishes(self.version) else 0.0
-    data_metrics = self.cursor.record(packed.prompt_ids, [g.pass_rate for g in batch.groups])
+    data_metrics = self.cursor.record(step, packed.prompt_ids, [g.pass_rate for g in batch.groups])
     self._flush()  # the previous step's device metrics are ready by now: read them one step late
     host = step_metrics.host_metrics(batch, packed, prepare_metrics, data_metrics, sync_s, wait_s, self.version)
     self.meter.count_tokens(host["rollout/tokens"], self.trained_tokens, self._flops_per_token)
@@ -194,22 +210,33 @@ class RLJob:
                                    time.perf_counter() - t0 + wait_s, wait_s))
     self.meter.train_busy_s += time.perf_counter() - t0
     self.log.logger.write_prompts(step, list(packed.prompt_ids))
-    if cfg.pipeline.eval_every and self.version % cfg.pipeline.eval_every == 0:
+    if self.version == cfg.pipeline.steps or (cfg.pipeline.eval_every and self.version % cfg.pipeline.eval_every == 0):
       self._flush(evaluate=True)
     if self.version % cfg.checkpoint.every_steps == 0:
       self._flush()  # the metrics of every step a checkpoint covers are written before it
       self.checkpoint()
     faults.point("step_end")
+    if self._skipped_in_a_row >= cfg.trainer.max_skipped_steps:
+      self._flush()
+      self.checkpoint()  # the params are those before the skipped steps: a usable checkpoint
+      raise NonFiniteError(
+          f"{self._skipped_in_a_row} steps in a row (up to step {step}) had a non-finite loss or gradient and were "
+          f"skipped (trainer.max_skipped_steps={cfg.trainer.max_skipped_steps}); the run stopped with a checkpoint "
+          f"of the last good params at step {self.version}. Lower optimizer.lr, check the rewards (metrics.jsonl "
+          f"train/skipped), then resume")
     return not self._interrupt.is_set()
 
   def _flush(self, evaluate: bool = False) -> None:
-    self.log.flush(self._generator.stats if self._generator is not None else None, evaluate)
+    self.log.flush(self._gen_stats, evaluate)
 
   def evaluate(self) -> dict:
     """Held-out mean@n at the eval temperature and greedy pass@1 of the published params (time excluded from
     compute)."""
     faults.point("evaluate")
-    out = self.evaluator.evaluate(self.weights.latest()[0], self.version)
+    params, published = self.weights.latest()
+    if published != self.version:  # PPO-off-policy-k publishes every k steps: score the trainer's own params
+      params = to_rollout_layout(self.state.params, self.engine.param_shardings)
+    out = self.evaluator.evaluate(params, self.version)
     self._last_eval_step = self.version
     self.meter.exclude(out["eval/seconds"])
     return out
@@ -223,7 +250,8 @@ class RLJob:
             "fingerprint": config_fingerprint(self.cfg),
             "summary": {k: v for k, v in self.summary.items() if isinstance(v, (int, float, str))}}
     faults.point("checkpoint_save")
-    self.ckpt.save(step, self.state, meta)
+    with self._interrupt.critical():  # a second Ctrl-C waits for the write to complete
+      self.ckpt.save(step, self.state, meta)
     self.meter.exclude(time.perf_counter() - t0)
 
   # ---- loops -------------------------------------------------------------------------------------------
@@ -243,20 +271,47 @@ class RLJob:
 
   def run(self) -> dict:
     """PipelineRL-k / PPO-off-policy-k with the generator on its own thread."""
-    self._begin()
-    stop = threading.Event()
-    self._generator = GeneratorThread(
-        driver=self.driver, next_prompts=self.cursor.next_batch, score=self.score, weights=self.weights,
-        policy=self.admission, samples=self.shapes.G, start=self.start_step, end=self.cfg.pipeline.steps,
-        out=BatchBuffer(stop), stop=stop)
-    with stop_on_interrupt(self._interrupt):
-      run_pipeline(generator=self._generator, consume=self.consume, start=self.start_step, end=self.cfg.pipeline.steps,
-                   interrupted=self._interrupt.is_set)
-    return self._finish()
+    with self._interrupt.installed():
+      self._begin()
+      stop = threading.Event()
+      self._generator = GeneratorThread(
+          driver=self.driver, next_prompts=self.cursor.next_batch, score=self.score, weights=self.weights,
+          policy=self.admission, samples=self.shapes.G, start=self.start_step, end=self.cfg.pipeline.steps,
+          out=BatchBuffer(stop), stop=stop)
+      self._gen_stats = self._generator.stats
+      try:
+        with self.meter.count_compilation():
+          run_pipeline(generator=self._generator, consume=self.consume, start=self.start_step,
+                       end=self.cfg.pipeline.steps, interrupted=self._interrupt.is_set)
+      except PipelineError as exc:
+        if isinstance(exc.__cause__, UserError):  # e.g. a reward batch that failed whole, NPR left no prompt
+          self._stop_on(exc.__cause__)
+        raise
+      return self._finish()
 
   def run_sync(self) -> dict:
     """The synchronous reference loop (no threads): generate batch s with params v = s, train, repeat."""
-    self._begin()
-    run_synchronous(driver=self.driver, next_prompts=self.cursor.next_batch, score=self.score, weights=self.weights,
-                    samples=self.shapes.G, start=self.start_step, end=self.cfg.pipeline.steps, consume=self.consume)
-    return self._finish()
+    with self._interrupt.installed():
+      self._begin()
+      try:
+        with self.meter.count_compilation():
+          run_synchronous(driver=self.driver, next_prompts=self.cursor.next_batch, score=self.score,
+                          weights=self.weights, samples=self.shapes.G, start=self.start_step,
+                          end=self.cfg.pipeline.steps, consume=self.consume, interrupted=self._interrupt.is_set,
+                          stats=self._gen_stats)
+      except (PromptsExhausted, UserError) as exc:
+        self._stop_on(exc)
+      return self._finish()
+
+  def _stop_on(self, error: UserError) -> None:
+    """A user error ended the loop (not a bug): keep the work done, with a checkpoint, then say what happened."""
+    self._flush()
+    if self.version > self.start_step and self.ckpt.latest_step() != self.version:
+      self.checkpoint()
+    self.log.close()
+    done = f"stopped at step {self.version} with a checkpoint" if self.version else "stopped before the first step"
+    if isinstance(error, PromptsExhausted):
+      raise PromptsExhausted(f"{error}; {done}. Continue with data.npr.enabled=false or a higher "
+                             "data.npr.threshold (NPR settings may change on resume)") from None
+    error.args = (f"{error} ({done})",)
+    raise error from None

@@ -209,10 +209,15 @@ def run_pipeline(*, generator: GeneratorThread, consume: Callable[[types.ScoredB
 
 def run_synchronous(*, driver, next_prompts: Callable[[int], Sequence[types.Prompt]],
                     score: Callable[[list], list[types.ScoredGroup]], weights: WeightBox, samples: int, start: int,
-                    end: int, consume: Callable[[types.ScoredBatch], bool]) -> None:
+                    end: int, consume: Callable[[types.ScoredBatch], bool], interrupted: Callable[[], bool],
+                    stats: GeneratorStats) -> None:
   """The reference loop, no threads: batch s is generated entirely by the params of version s, then step s trains
-  on it. PipelineRL-0 (`run_pipeline` with k = 0) must equal it bit for bit."""
+  on it. PipelineRL-0 (`run_pipeline` with k = 0) must equal it bit for bit. Generation time goes to `stats.busy_s`
+  (the compute meter splits a shared device's time by it)."""
   for step in range(start, end):
+    if interrupted():
+      return
+    t = time.perf_counter()
     params, version = weights.latest()
     uids = {driver.submit(prompt, samples): pos for pos, prompt in enumerate(next_prompts(step))}
     groups: list = [None] * len(uids)
@@ -221,5 +226,6 @@ def run_synchronous(*, driver, next_prompts: Callable[[int], Sequence[types.Prom
       finished = driver.step(params, version)
       for rollout_group, group in zip(finished, score(finished)):
         groups[uids[rollout_group.uid]] = group
+    stats.busy_s += time.perf_counter() - t
     if not consume(types.ScoredBatch(step, tuple(groups))):
       return

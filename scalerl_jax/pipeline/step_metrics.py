@@ -46,6 +46,7 @@ def finish(record: types.StepRecord, generator_stats=None) -> dict:
                                                               if k in rl.METRIC_KEYS}).items()}}
   for k in ("grad_norm", "update_norm"):
     out[f"train/{k}"] = float(device[k])
+  out["train/skipped"] = int(device["skipped"])  # 1: non-finite loss or gradient, the update was not applied
   step_s = max(record.step_s, 1e-9)
   out["pipeline/trainer_wait_frac"] = record.wait_s / step_s
   out["train/tokens_per_s"] = record.train_tokens_per_s

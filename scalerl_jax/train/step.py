@@ -16,9 +16,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from scalerl_jax.errors import UserError
 from scalerl_jax.train.state import TrainState
 
 LossFn = Callable[[Any, Any], tuple[jax.Array, dict]]
+
+
+class NonFiniteError(UserError):
+  """Too many optimizer steps in a row had a non-finite loss or gradient (each was skipped)."""
 
 
 def split_micro_batches(batch: Any, num: int, block: int = 1) -> Any:
@@ -87,7 +92,13 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, mi
     out["loss"] = loss
     out["grad_norm"] = optax.tree.norm(grads)
     out["update_norm"] = optax.tree.norm(updates)
-    return TrainState(params=params, opt_state=opt_state, step=state.step + 1), out
+    # A non-finite loss, gradient or update never reaches the state: the step is skipped (params and optimizer
+    # state kept, `skipped` = 1). The step counter still advances: it counts consumed batches (= the version).
+    finite = jnp.isfinite(loss) & jnp.isfinite(out["grad_norm"]) & jnp.isfinite(out["update_norm"])
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    out["skipped"] = jnp.where(finite, 0, 1).astype(jnp.int32)
+    return TrainState(params=keep(params, state.params), opt_state=keep(opt_state, state.opt_state),
+                      step=state.step + 1), out
 
   if eager:
     return step

@@ -1,0 +1,164 @@
+"""Silent wrong results and lost work found by review (issue 18), each pinned by a test that failed before its fix:
+non-finite steps, the final evaluation, PPO-off-policy evaluation labels, NPR snapshots that depended on thread
+timing, NPR exhausting the pool, compute booked in the synchronous loop, compilation counted as compute, the
+interruption budget, metric names."""
+
+import json
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from scalerl_jax import types
+from scalerl_jax.config import ConfigError
+from scalerl_jax.data.prompt_stream import PromptsExhausted
+from scalerl_jax.pipeline import job as job_lib
+from scalerl_jax.pipeline.compute import ComputeMeter
+from scalerl_jax.pipeline.job import RLJob
+from scalerl_jax.pipeline.orchestrator import AdmissionPolicy
+from scalerl_jax.train.step import NonFiniteError
+from tests.pipeline_helpers import tiny_config
+
+SPLIT = ["mesh.generator_devices=4", "mesh.spec=data=-1", "mesh.generator_spec=data=-1,tensor=1"]
+
+
+def _metrics(job):
+  return [json.loads(l) for l in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _prompts(job):
+  return [json.loads(l)["prompt_ids"] for l in (job.run_dir / "consumed_prompts.jsonl").read_text().splitlines()]
+
+
+def answer_is_even(completion: str, answer: str) -> float:
+  """A reward fixed by the prompt alone: prompts with an even first answer digit are solved at first sight."""
+  return float(int(answer[0]) % 2 == 0)
+
+
+def always_one(completion: str, answer: str) -> float:
+  return 1.0
+
+
+def test_non_finite_steps_are_skipped_counted_and_stop_the_run_with_a_usable_checkpoint(tmp_path, monkeypatch):
+  build = job_lib.build_train_batch
+
+  def poisoned(packed, cfg, layout=None):  # what one NaN reward used to do to every batch-normalised advantage
+    batch, metrics = build(packed, cfg, layout)
+    return types.TrainBatch(**{**batch.__dict__, "advantages": np.full_like(batch.advantages, np.nan)}), metrics
+
+  monkeypatch.setattr(job_lib, "build_train_batch", poisoned)
+  job = RLJob(tiny_config(tmp_path, "pipeline.steps=10", "trainer.max_skipped_steps=3", "pipeline.eval_every=0",
+                          "loss.zero_variance_filter=false"), progress=False)
+  with pytest.raises(NonFiniteError, match="3 steps in a row .* non-finite"):
+    job.run_sync()
+  initial = RLJob(tiny_config(tmp_path / "fresh", "pipeline.eval_every=0"), progress=False)
+  initial.setup()
+  assert int(job.state.step) == 3  # batches consumed
+  for a, b in zip(jax.tree.leaves(job.state.params), jax.tree.leaves(initial.state.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # no NaN reached the params
+  assert job.ckpt.latest_step() == 3
+  rows = [r for r in _metrics(job) if "train/skipped" in r]
+  assert [r["train/skipped"] for r in rows] == [1, 1, 1]
+
+
+def test_final_evaluation_runs_when_steps_are_a_multiple_of_the_checkpoint_interval(tmp_path):
+  job = RLJob(tiny_config(tmp_path, "pipeline.steps=4", "checkpoint.every_steps=2", "pipeline.eval_every=3",
+                          "pipeline.mode=sync"), progress=False)
+  job.run_sync()
+  last = _metrics(job)[-1]
+  assert last["step"] == 4 and "eval/pass_rate" in last
+
+
+def test_ppo_offpolicy_evaluates_the_trainers_current_params(tmp_path):
+  job = RLJob(tiny_config(tmp_path, *SPLIT, "pipeline.mode=ppo_offpolicy", "pipeline.max_lag=2", "pipeline.steps=3",
+                          "pipeline.eval_every=1"), progress=False)
+  seen = []
+  evaluate = job.evaluator.evaluate
+
+  def recording(params, version):
+    same = all(np.array_equal(np.asarray(a), np.asarray(b))
+               for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(job.state.params)))
+    seen.append((version, same))
+    return evaluate(params, version)
+
+  job.evaluator.evaluate = recording
+  job.run()
+  assert [v for v, _ in seen] == [0, 1, 2, 3]
+  assert all(same for _, same in seen)  # version 1 and 3 are not published (k = 2) but are what is scored
+
+
+def test_npr_epoch_snapshot_does_not_depend_on_how_far_the_trainer_has_got(tmp_path):
+  """Two k = 2 runs, one whose trainer lags the generator as far as the bound allows and one whose generator
+  waits for the trainer: the prompts solved in the last k steps before an epoch boundary are known to one and
+  not the other, yet both must consume the same prompts in the next epoch."""
+  k, steps = 2, 8
+  overrides = [*SPLIT, f"pipeline.max_lag={k}", f"pipeline.steps={steps}", "pipeline.eval_every=0",
+               "checkpoint.every_steps=100", "data.num_train=16", "data.npr.threshold=0.5",
+               "data.reward_fn=tests.test_reliability.answer_is_even"]
+  lagging = RLJob(tiny_config(tmp_path / "lagging", *overrides), progress=False)
+  consume = lagging.consume
+
+  def trainer_waits_for_the_bound(batch, wait_s=0.0):
+    deadline = time.monotonic() + 120
+    while not all(b == batch.index or lagging._generator.out.ready(b)
+                  for b in range(batch.index, min(batch.index + k, steps - 1) + 1)):
+      assert time.monotonic() < deadline and lagging._generator.is_alive()
+      time.sleep(0.005)
+    return consume(batch, wait_s)
+
+  lagging.consume = trainer_waits_for_the_bound
+  lagging.run()
+  eager = RLJob(tiny_config(tmp_path / "eager", *overrides), progress=False)
+  # the generator admits a batch only once the trainer has consumed every earlier one (its data stream still
+  # follows k = 2): it draws the first batch of epoch 1 after all of epoch 0 was recorded in NPR
+  eager.admission = AdmissionPolicy("pipeline", 0)
+  eager.run()
+  epoch = 16 // 4  # steps in epoch 0: 16 training prompts, 4 per step
+  solved_at = lagging.cursor.npr._solved_at
+  assert any(epoch - k <= s < epoch for s in solved_at), "precondition: prompts solved just before the boundary"
+  assert _prompts(eager) == _prompts(lagging)
+
+
+def test_npr_exhausting_the_pool_stops_cleanly_and_the_run_continues_with_npr_off(tmp_path):
+  overrides = ["pipeline.mode=sync", "pipeline.steps=12", "data.num_train=8", "data.npr.threshold=0.5",
+               "data.reward_fn=tests.test_reliability.always_one", "checkpoint.every_steps=100",
+               "pipeline.eval_every=0"]
+  job = RLJob(tiny_config(tmp_path, *overrides), progress=False)
+  with pytest.raises(PromptsExhausted, match="stopped at step 2 with a checkpoint.*data.npr.enabled=false"):
+    job.run_sync()
+  assert job.ckpt.latest_step() == 2
+  again = RLJob(tiny_config(tmp_path, *overrides, "data.npr.enabled=false", "pipeline.steps=4"), progress=False)
+  again.run_sync()
+  assert [json.loads(l)["step"] for l in (tmp_path / "consumed_prompts.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
+
+
+def test_synchronous_colocated_loop_books_generation_compute_to_the_generator(tmp_path):
+  job = RLJob(tiny_config(tmp_path, "pipeline.steps=2", "pipeline.eval_every=0"), progress=False)
+  job.run_sync()
+  last = _metrics(job)[-1]
+  assert last["compute/generator_accelerator_seconds"] > 0 and last["compute/trainer_accelerator_seconds"] > 0
+
+
+def test_compilation_inside_the_loop_is_not_compute():
+  meter = ComputeMeter(1, 1, colocated=True)
+  fresh = jax.jit(lambda x: x * 3.0 + 1.0)  # a function nothing has compiled yet
+  jax.block_until_ready(fresh(np.float32(1.0)))  # outside: not counted
+  assert meter.compile_s == 0
+  other = jax.jit(lambda x: (x - 7.0) ** 2)
+  with meter.count_compilation():
+    jax.block_until_ready(other(np.float32(2.0)))
+  assert meter.compile_s > 0 and meter._excluded == pytest.approx(meter.compile_s)
+
+
+def test_interruption_budget_must_fit_the_completion_budget(tmp_path):
+  with pytest.raises(ConfigError, match="rollout.max_new_tokens"):
+    RLJob(tiny_config(tmp_path, "rollout.max_new_tokens=8", "rollout.interruption.think_budget_max=4",
+                      "rollout.interruption.answer_budget=4"), progress=False)
+
+
+def test_data_metrics_carry_one_prefix(tmp_path):
+  job = RLJob(tiny_config(tmp_path, "pipeline.steps=1", "pipeline.eval_every=0"), progress=False)
+  job.run_sync()
+  keys = set(_metrics(job)[-1])
+  assert "data/epoch" in keys and not any(k.startswith("data/data/") for k in keys)
