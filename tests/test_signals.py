@@ -1,0 +1,33 @@
+"""Preemption and Ctrl-C: SIGTERM (Slurm, Kubernetes, a TPU VM maintenance event) and SIGINT stop a run at the next
+step boundary with a checkpoint of exactly the steps consumed, in the pipeline and in the synchronous loop."""
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.test_resume import ROOT, _command, _env, _lines
+
+
+@pytest.mark.parametrize("sig,flags,code", [(signal.SIGTERM, [], 143), (signal.SIGINT, ["--sync"], 130)])
+def test_signal_checkpoints_at_the_step_boundary_and_exits(tmp_path, sig, flags, code):
+  run_dir = tmp_path / "run"
+  command = [*_command(run_dir), *flags, "pipeline.steps=100000", "pipeline.eval_every=0",
+             "checkpoint.every_steps=100000"]
+  proc = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL)
+  prompts = run_dir / "consumed_prompts.jsonl"
+  deadline = time.time() + 240
+  while len(_lines(prompts)) < 2:  # a few steps in: the signal lands in the middle of the loop
+    assert proc.poll() is None and time.time() < deadline, proc.stdout.read().decode()[-3000:]
+    time.sleep(0.05)
+  proc.send_signal(sig)
+  out = proc.communicate(timeout=240)[0].decode()
+  assert proc.returncode == code, out[-3000:]
+  assert f"{signal.Signals(sig).name}: checkpointing at the next step boundary" in out
+  consumed = len(_lines(prompts))
+  steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+  assert steps == [consumed]  # the checkpoint holds every consumed step, and no step after it was consumed
+  assert [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()][-1] == consumed
