@@ -1,56 +1,192 @@
-"""Rewards never crash or hang the run; math answers are judged by equivalence."""
+"""Rewards never crash or stall the run; failures are scored, counted and reported; math answers are judged by
+equivalence. The faulty reward functions live in tests/test_rewards_faulty.py (importable by worker processes).
 
+No test depends on speed: a 'hang' sleeps 60 s against a 2 s timeout, and normal calls take microseconds."""
+
+import logging
+import os
+import pathlib
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
 
-from scalerl_jax.config import DataConfig
-from scalerl_jax.rewards import (RewardRunner, exact_match_reward, load_reward_fn, make_reward_runner,
-                                      math_verify_reward)
+from scalerl_jax.config import ConfigError, DataConfig
+from scalerl_jax.errors import UserError
+from scalerl_jax.rewards import (RewardError, RewardRunner, exact_match_reward, load_reward_fn, make_reward_runner,
+                                 math_verify_reward)
+from tests import test_rewards_faulty as faulty
 
-_release = threading.Event()  # lets the hanging reward's abandoned thread finish at the end of the test
-
-
-def hanging_reward(completion, answer):
-  if completion == "hang":
-    _release.wait(60)
-  return float(completion == answer)
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def raising_reward(completion, answer):
-  if completion == "boom":
-    raise RuntimeError("verifier crashed")
-  return float(completion == answer)
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  return True
 
 
-def test_raising_and_bad_values_are_scored_as_failures_and_counted():
-  runner = RewardRunner(raising_reward, timeout_s=2.0, failure_reward=-0.5)
-  rewards, failures = runner.score(["a", "boom", "b", "a"], ["a", "a", "a", "b"])
-  np.testing.assert_array_equal(rewards, np.float32([1, -0.5, 0, 0]))
-  assert failures == 1 and runner.errors == 1 and "RuntimeError: verifier crashed" in runner.last_error
-  weird = RewardRunner(lambda c, a: {"x": None, "n": float("nan")}.get(c, True), failure_reward=-1.0)
-  rewards, failures = weird.score(["x", "n", "ok"], ["", "", ""])
-  np.testing.assert_array_equal(rewards, np.float32([-1, -1, 1]))
-  assert failures == 2
+def test_raising_and_bad_values_are_scored_counted_and_reported(caplog):
+  with RewardRunner(faulty.raises_on_boom, timeout_s=30.0, failure_reward=-0.5) as runner:
+    assert runner.isolation == "process"
+    batch = runner.score_batch(["a", "boom", "b", "a", "boom"], ["a", "a", "a", "b", "a"])
+    np.testing.assert_array_equal(batch.rewards, np.float32([1, -0.5, 0, 0, -0.5]))
+    np.testing.assert_array_equal(batch.failed, [False, True, False, False, True])
+    assert batch.first_error == "RuntimeError: verifier crashed"
+  with RewardRunner(faulty.bad_values, timeout_s=30.0, failure_reward=-1.0) as weird:
+    with caplog.at_level(logging.WARNING, logger="scalerl_jax.rewards"):
+      batch = weird.score_batch(["nan", "inf", "str", "none", "ok", "str"], ["", "", "", "", "ok", ""])
+    np.testing.assert_array_equal(batch.rewards, np.float32([-1, -1, -1, -1, 1, -1]))
+    assert batch.first_error == "returned nan, not a finite number" == weird.first_error == weird.last_error
+  assert weird.metrics() == {"reward/calls": 6, "reward/errors": 5, "reward/timeouts": 0,
+                             "reward/killed_workers": 0, "reward/failure_rate": 5 / 6}
+  warned = [r.getMessage() for r in caplog.records if r.name == "scalerl_jax.rewards"]
+  warned = [w for w in warned if "bad_values" in w]
+  assert len(warned) == 4  # each distinct text once, naming the function, with the failure count so far
+  assert all("tests.test_rewards_faulty.bad_values failed" in w and "(5 of 6 calls failed so far)" in w for w in warned)
+  assert any("returned 'abc', not a number" in w for w in warned)
+  assert any("returned None, not a number" in w for w in warned)
 
 
-def test_hanging_reward_is_bounded_and_the_rest_of_the_batch_is_scored():
-  # the deadline is far above what an instant call can take on a loaded machine, so only the hangs time out
-  runner = RewardRunner(hanging_reward, timeout_s=2.0, failure_reward=0.0, scale="pm1")
-  try:  # returning at all is the bound: each hanging call was abandoned at its deadline (counted below)
-    rewards, failures = runner.score(["a", "hang", "b", "hang", "c"], ["a", "a", "b", "a", "x"])
+def test_a_batch_in_which_every_call_fails_stops_the_run_with_the_error_text():
+  with RewardRunner(faulty.always_raises, timeout_s=30.0, workers=1) as runner:
+    with pytest.raises(RewardError, match=r"tests\.test_rewards_faulty\.always_raises .*every one of the 2 calls.*"
+                                          r"RuntimeError: verifier crashed on 'x'") as info:
+      runner.score(["x", "y"], ["a", "a"])
+    assert isinstance(info.value, UserError)
+    assert runner.metrics()["reward/failure_rate"] == 1.0
+  inline = RewardRunner(lambda c, a: 1 / 0, isolation="inline")
+  with pytest.raises(RewardError, match="ZeroDivisionError"):
+    inline.score(["x"], ["a"])
+
+
+def test_a_hanging_call_is_killed_with_its_worker_and_the_pool_keeps_working(tmp_path):
+  pids = tmp_path / "pids"
+  threads_before = threading.active_count()
+  with RewardRunner(faulty.hang_on_request, timeout_s=2.0, failure_reward=0.0, scale="pm1", workers=2) as runner:
+    completions = [f"c{i}" for i in range(12)]
+    answers = list(completions)
+    completions[4] = f"hang:{pids}"  # in a chunk with other calls: that chunk is rerun call by call
+    assert runner._pool.chunk_size(12) > 1
+    batch = runner.score_batch(completions, answers)
+    expected = np.ones(12, np.float32)
+    expected[4] = 0.0  # the failure reward (pm1 scale, as configured)
+    np.testing.assert_array_equal(batch.rewards, expected)
+    np.testing.assert_array_equal(batch.timed_out, np.arange(12) == 4)
+    assert batch.first_error == "timed out after 2 s"
+    hung = [int(p) for p in pids.read_text().split()]
+    assert hung and not any(_alive(p) for p in hung)  # killed, not abandoned
+    metrics = runner.metrics()
+    assert metrics["reward/timeouts"] == 1 and metrics["reward/errors"] == 0
+    assert metrics["reward/killed_workers"] >= 1
+    # the replacement workers score the next batch
+    np.testing.assert_array_equal(runner.score(["a", "b", "c"], ["a", "x", "c"])[0], np.float32([1, -1, 1]))
+  assert threading.active_count() == threads_before  # no thread leaked: the pool's threads end with close()
+  assert not runner._pool.started
+
+
+def test_a_function_that_hangs_on_everything_fails_the_batch_without_running_every_call(tmp_path):
+  pids = tmp_path / "pids"
+  with RewardRunner(faulty.hang_on_request, timeout_s=1.0, workers=2) as runner:
+    with pytest.raises(RewardError, match="timed out after 1 s"):
+      runner.score([f"hang:{pids}"] * 40, [""] * 40)
+    # 4 chunks, then calls alone: 2 * workers of them timed out, the rest was not run (at most 2 * workers - 1 of
+    # it had started), not 40 calls of 1 s each
+    assert runner.metrics()["reward/timeouts"] == 4 and runner.metrics()["reward/errors"] == 36
+  started = [int(p) for p in pids.read_text().split()]
+  assert 4 + 4 <= len(started) <= 4 + 4 + 3
+  assert not any(_alive(p) for p in started)  # close() stops the workers of the calls it gave up on
+
+
+def test_a_hung_worker_does_not_outlive_a_killed_trainer(tmp_path):
+  pids = tmp_path / "pids"
+  code = ("from scalerl_jax.rewards import RewardRunner\n"
+          "from tests.test_rewards_faulty import hang_on_request\n"
+          f"RewardRunner(hang_on_request, timeout_s=600.0).score(['hang:{pids}'], [''])\n")
+  trainer = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+  try:
+    deadline = time.monotonic() + 120
+    while not (pids.exists() and pids.read_text().endswith("\n")):
+      assert trainer.poll() is None and time.monotonic() < deadline, "the reward call never started"
+      time.sleep(0.05)
   finally:
-    _release.set()
-  np.testing.assert_array_equal(rewards, np.float32([1, 0, 1, 0, -1]))
-  assert failures == 2 and runner.timeouts == 2 and runner.abandoned_threads == 2
-  assert runner.metrics()["reward/timeouts"] == 2
+    trainer.kill()
+    trainer.wait()
+  pid = int(pids.read_text())
+  deadline = time.monotonic() + 60  # the forkserver exits, then the worker gets SIGKILL: about a second
+  while _alive(pid) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert not _alive(pid)
+
+
+def test_a_worker_that_dies_mid_call_is_replaced_and_only_that_call_fails():
+  with RewardRunner(faulty.exits_on_exit, timeout_s=30.0) as runner:
+    batch = runner.score_batch(["a", "exit", "b", "c", "d", "e"], ["a", "", "b", "c", "d", "x"])
+    np.testing.assert_array_equal(batch.rewards, np.float32([1, 0, 1, 1, 1, 0]))
+    np.testing.assert_array_equal(batch.failed, np.arange(6) == 1)
+    assert "died (exit code 3)" in batch.first_error
+    assert runner.score(["a"], ["a"]) == (np.float32([1]), 0)
+
+
+def test_a_verifier_that_prints_megabytes_writes_to_dev_null():
+  with RewardRunner(faulty.loud, timeout_s=30.0) as runner:
+    np.testing.assert_array_equal(runner.score(["a", "b"], ["a", "b"])[0], np.float32([1, 1]))
+
+
+def test_the_pool_scores_bit_for_bit_like_the_inline_path_and_from_two_threads_at_once():
+  rng = np.random.default_rng(0)
+  completions = ["x" * int(k) for k in rng.integers(0, 40, 300)]
+  answers = ["y" * int(k) for k in rng.integers(0, 9, 300)]
+  for scale in ("01", "pm1"):
+    inline = RewardRunner(faulty.fraction, scale=scale, isolation="inline")
+    expected = inline.score(completions, answers)[0]
+    with RewardRunner(faulty.fraction, timeout_s=30.0, scale=scale) as pooled:
+      results = [None, None]
+
+      def score(k):
+        results[k] = pooled.score(completions, answers)[0]
+
+      threads = [threading.Thread(target=score, args=(k,)) for k in range(2)]
+      for t in threads:
+        t.start()
+      for t in threads:
+        t.join()
+      assert pooled._pool.started and inline._pool is None  # computed in worker processes vs on this thread
+    assert len(set(expected.tolist())) > 5  # not a trivial 0/1 signal
+    for got in results:
+      assert got.dtype == np.float32 and got.tobytes() == expected.tobytes()
+
+
+def test_a_wrong_signature_or_an_unsendable_function_is_refused_when_the_runner_is_built():
+  for name in ("one_argument", "three_arguments"):
+    with pytest.raises(ConfigError, match=rf"data\.reward_fn: .*{name}.*cannot be called as fn\(completion"):
+      make_reward_runner(DataConfig(reward_fn=f"tests.test_rewards_faulty.{name}"), exact_match_reward)
+  with pytest.raises(ConfigError, match="module-level function"):
+    RewardRunner(lambda c, a: 1.0)  # process isolation needs a function its dotted path imports
+
+
+def test_close_is_idempotent_and_the_pool_starts_lazily():
+  runner = RewardRunner(faulty.exact, timeout_s=30.0, workers=1)
+  assert not runner._pool.started
+  assert runner.score(["a"], ["a"])[1] == 0 and runner._pool.started
+  runner.close()
+  runner.close()
+  assert not runner._pool.started
+  assert runner.score(["a"], ["b"])[0][0] == 0.0  # a later call starts the workers again
+  runner.close()
 
 
 def test_scales_and_empty_batch():
   completions, answers = ["1", "2"], ["1", "1"]
-  np.testing.assert_array_equal(RewardRunner(lambda c, a: c == a).score(completions, answers)[0], [1, 0])
-  np.testing.assert_array_equal(RewardRunner(lambda c, a: c == a, scale="pm1").score(completions, answers)[0], [1, -1])
+  eq = lambda c, a: c == a  # noqa: E731
+  np.testing.assert_array_equal(RewardRunner(eq, isolation="inline").score(completions, answers)[0], [1, 0])
+  np.testing.assert_array_equal(RewardRunner(eq, scale="pm1", isolation="inline").score(completions, answers)[0],
+                                [1, -1])
   rewards, failures = RewardRunner(exact_match_reward).score([], [])
   assert rewards.shape == (0,) and rewards.dtype == np.float32 and failures == 0
   with pytest.raises(ValueError, match="01 or pm1"):
@@ -75,9 +211,9 @@ def test_math_verify_reward_equivalences_and_malformed(completion, answer, expec
   assert math_verify_reward(completion, answer) == expected
 
 
-def test_math_verify_runs_off_the_main_thread_through_the_runner():
-  runner = RewardRunner(math_verify_reward, timeout_s=30.0)
-  rewards, failures = runner.score(["\\boxed{0.5}", "\\boxed{2}"], ["\\frac{1}{2}", "3"])
+def test_math_verify_runs_in_the_worker_pool():
+  with RewardRunner(math_verify_reward, timeout_s=60.0, workers=1) as runner:
+    rewards, failures = runner.score(["\\boxed{0.5}", "\\boxed{2}"], ["\\frac{1}{2}", "3"])
   np.testing.assert_array_equal(rewards, [1, 0])
   assert failures == 0
 
@@ -87,13 +223,21 @@ def test_load_reward_fn_by_dotted_path():
   assert load_reward_fn("scalerl_jax.rewards:math_verify_reward") is math_verify_reward
   for bad, msg in [("nodots", "not a dotted path"), ("no_such_module_xyz.fn", "cannot import"),
                    ("scalerl_jax.rewards.nope", "has no function")]:
-    with pytest.raises(ValueError, match=msg):
+    with pytest.raises(ConfigError, match=msg):
       load_reward_fn(bad)
 
 
-def test_make_reward_runner_prefers_the_configured_function():
-  cfg = DataConfig(reward_fn="tests.test_rewards.raising_reward", reward_timeout_s=1.5, failure_reward=-1.0,
-                   reward_scale="pm1")
+def test_make_reward_runner_prefers_the_configured_function_and_picks_the_isolation():
+  from scalerl_jax.data.tasks import AdditionTask, CountdownTask, FileTask
+
+  cfg = DataConfig(reward_fn="tests.test_rewards_faulty.raises_on_boom", reward_timeout_s=1.5, failure_reward=-1.0,
+                   reward_scale="pm1", reward_workers=3)
   runner = make_reward_runner(cfg, exact_match_reward)
-  assert runner.fn is raising_reward and runner.timeout_s == 1.5 and runner.scale == "pm1"
-  assert make_reward_runner(DataConfig(), exact_match_reward).fn is exact_match_reward
+  assert runner.fn is faulty.raises_on_boom and runner.timeout_s == 1.5 and runner.scale == "pm1"
+  assert runner.isolation == "process" and runner._pool.workers == 3 and not runner._pool.started
+  default = make_reward_runner(DataConfig(), exact_match_reward)
+  assert default.fn is exact_match_reward and default.isolation == "inline"
+  assert make_reward_runner(DataConfig(reward_scale="pm1"), exact_match_reward).failure_reward == -1.0
+  for reward, isolation in [(AdditionTask.reward, "inline"), (CountdownTask.reward, "inline"),
+                            (FileTask.reward, "process")]:
+    assert make_reward_runner(DataConfig(), reward).isolation == isolation

@@ -1,33 +1,59 @@
 """RewardRunner: makes any reward function safe to call from a training run.
 
 A reward function is `fn(completion: str, answer: str) -> float | bool`, returning a correctness score in [0, 1].
-`RewardRunner` maps it to the configured scale (`01`: r, `pm1`: 2r - 1, the paper's +-1) and guarantees that a
-call never raises and never hangs the run: a call that raises, returns something that is not a finite number, or
-runs past `timeout_s` is scored with `failure_reward` (used as configured, not rescaled) and counted.
+`RewardRunner` maps it to the configured scale (`01`: r, `pm1`: 2r - 1, the paper's +-1). A call that raises,
+returns something that is not a finite number, or runs past `timeout_s` is scored with `failure_reward` and counted.
+`failure_reward` is a value ON THE CONFIGURED SCALE, used as given and never rescaled (make_reward_runner's default,
+data.failure_reward=null, is the scale's lowest reward: 0 under 01, -1 under pm1, so a failed verification never
+scores above a wrong answer).
 
-How time is bounded: the batch is scored in order on one daemon worker thread while the caller watches the clock of
-the current call. When a call overruns, the caller scores it as a failure, abandons that worker (it is a daemon, so a
-call that never returns cannot block interpreter exit) and starts a fresh worker on the next completion. Python
-cannot kill a thread, so an abandoned call keeps running in the background until it returns; `abandoned_threads`
-counts them. Threads, not processes, because math-verify's own `signal.alarm` timeouts only work on the main thread
-and forking a process that holds a JAX runtime is unsafe; we call math-verify with its timeouts off.
+Where the function runs (`isolation`, chosen by make_reward_runner):
+  "inline"   on the calling thread, with no time bound: only for the built-in verifiers that are pure and cannot
+             hang (verifiers.PURE_VERIFIERS: exact match, countdown); the CPU default's speed depends on it.
+  "process"  in a VerifierPool (pool.py): `workers` processes (data.reward_workers) started lazily on the first
+             call, calls batched into chunks, a call past `timeout_s` killed together with its worker (which is
+             replaced). The function travels by reference (its dotted path), never pickled with state. The time
+             bound of one batch is stated in pool.py. Used for a user's data.reward_fn and math-verify.
+Call `close()` (or use the runner as a context manager) to stop the workers; a later call starts them again.
+
+Failures are reported, not only counted:
+  - every batch keeps its first error text (`score_batch(...).first_error`); the totals keep the first and the
+    latest (`first_error`, `last_error`); `metrics()` gives calls, errors, timeouts, killed workers, failure rate;
+  - the first time each distinct error text appears (up to MAX_WARNED texts) a warning goes to the logger
+    `scalerl_jax.rewards`, with the failure count so far;
+  - a batch in which every call failed raises RewardError (a UserError: the run stops with its one-line message
+    naming the function and quoting the first error) - the verifier is broken, not the policy.
+A function that cannot be called as fn(completion, answer) is refused when the runner is built (ConfigError).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-import math
+import inspect
+import logging
 import threading
-import time
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from scalerl_jax import types
 from scalerl_jax.config import ConfigError
+from scalerl_jax.errors import UserError
+from scalerl_jax.rewards import worker
 from scalerl_jax.rewards.pass_rates import is_success
+from scalerl_jax.rewards.pool import VerifierPool
+from scalerl_jax.rewards.verifiers import PRELOAD, PURE_VERIFIERS, qualified_name
 
 RewardFn = Callable[[str, str], float]
+ISOLATIONS = ("process", "inline")
+MAX_WARNED = 10  # distinct error texts logged; later new texts are counted, not logged
+
+logger = logging.getLogger("scalerl_jax.rewards")
+
+
+class RewardError(UserError):
+  """Every call of a batch failed: the reward function is broken (not the policy), so the run stops."""
 
 
 def load_reward_fn(dotted: str) -> RewardFn:
@@ -47,78 +73,150 @@ def load_reward_fn(dotted: str) -> RewardFn:
   return fn
 
 
-class _Batch:
-  """Shared between the caller and the worker threads of one `score` call (guarded by `cond`)."""
+def check_signature(fn: Callable, name: str) -> None:
+  """ConfigError unless `fn(completion, answer)` binds (a function without an inspectable signature passes)."""
+  try:
+    signature = inspect.signature(fn)
+  except (TypeError, ValueError):
+    return
+  try:
+    signature.bind("completion", "answer")
+  except TypeError as exc:
+    raise ConfigError(f"data.reward_fn: {name}{signature} cannot be called as fn(completion: str, answer: str) "
+                      f"({exc})") from None
 
-  def __init__(self, n: int):
-    self.cond = threading.Condition()
-    self.next = 0  # index of the call in progress (or next to start)
-    self.started = time.monotonic()  # when call `next` started
-    self.generation = 0  # bumped when a worker is abandoned; a stale worker exits without writing
-    self.values = np.zeros(n, np.float64)
-    self.ok = np.zeros(n, bool)
-    self.timed_out = np.zeros(n, bool)
-    self.first_error: Optional[str] = None
+
+def reference_of(fn: Callable) -> str:
+  """'package.module:Qual.name' that imports back to `fn` in a worker; ConfigError for a lambda, a nested
+  function or a callable object (their state would have to be pickled)."""
+  name = qualified_name(fn)
+  ref = f"{fn.__module__}:{fn.__qualname__}" if name else ""
+  try:
+    found = worker.resolve(ref) if ref and "<" not in ref else None
+  except Exception:
+    found = None
+  if found is not fn:
+    raise ConfigError(f"data.reward_fn: {fn!r} cannot run in a reward worker process: it must be a module-level "
+                      "function that its dotted path imports")
+  return ref
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardBatch:
+  """One scored batch: rewards float32[n] on the configured scale; which calls failed (scored failure_reward) and
+  which of those timed out; the first error's text (None when nothing failed)."""
+  rewards: np.ndarray
+  failed: np.ndarray
+  timed_out: np.ndarray
+  first_error: Optional[str]
 
 
 class RewardRunner:
-  """Scores batches with `fn`; never raises, never waits more than about `timeout_s` on one call.
+  """Scores batches with `fn`; see the module docstring. Thread-safe: two threads may score at once (PipelineRL's
+  generator while the trainer evaluates); each call has its own state and the totals are updated under a lock.
 
-  One worker thread runs a whole batch's calls in order and wakes the caller once, at the end; the caller sleeps
-  until then or until the call in progress has run `timeout_s`, in which case that call is scored as a timeout,
-  its worker is abandoned (it exits without writing when the call returns) and a fresh worker continues with the
-  next call. Waking the caller per call instead costs a thread hand-off per completion, which on a busy 2-core
-  host made scoring slower than generating.
+  fn              the reward function, fn(completion, answer) -> score in [0, 1]
+  timeout_s       per call, enforced under isolation="process" (a call past it is killed and scored a failure)
+  failure_reward  what a failed call scores, on the configured scale (not rescaled)
+  scale           "01" or "pm1"
+  isolation       "process" (default; bounded) or "inline" (pure verifiers only: no time bound)
+  workers         worker processes under isolation="process"
+  name            how messages name the function (default: its qualified name)
+  ref             how workers import it (default: derived from fn; make_reward_runner passes data.reward_fn)
   """
 
-  def __init__(self, fn: RewardFn, timeout_s: float = 5.0, failure_reward: float = 0.0, scale: str = "01"):
+  def __init__(self, fn: RewardFn, timeout_s: float = 5.0, failure_reward: float = 0.0, scale: str = "01", *,
+               isolation: str = "process", workers: int = 2, name: str = "", ref: str = ""):
     if scale not in ("01", "pm1"):
       raise ValueError(f"data.reward_scale must be 01 or pm1, got {scale!r}")
     if timeout_s <= 0:
       raise ValueError(f"data.reward_timeout_s must be positive, got {timeout_s}")
+    if isolation not in ISOLATIONS:
+      raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
     self.fn = fn
+    self.name = name or qualified_name(fn) or repr(fn)
+    check_signature(fn, self.name)
     self.timeout_s = float(timeout_s)
     self.failure_reward = float(failure_reward)
     self.scale = scale
-    # Totals since construction, for metrics. Two threads may score at once (PipelineRL's generator while the
-    # trainer evaluates): each call has its own _Batch, and the totals are updated under this lock.
+    self.isolation = isolation
+    self._pool: Optional[VerifierPool] = None
+    if isolation == "process":
+      self._pool = VerifierPool(ref or reference_of(fn), workers, self.timeout_s,
+                                PRELOAD.get(qualified_name(fn), ()))
     self._totals = threading.Lock()
     self.calls = 0
-    self.errors = 0
+    self.errors = 0  # failed calls that did not time out (raised, bad value, dead worker)
     self.timeouts = 0
-    self.abandoned_threads = 0
-    self.last_error: Optional[str] = None
+    self.killed_workers = 0
+    self.first_error: Optional[str] = None
+    self.last_error: Optional[str] = None  # the latest failing batch's first error
+    self._warned: set[str] = set()
+    self._capped = False
 
-  def _work(self, batch: _Batch, generation: int, completions: Sequence[str], answers: Sequence[str]) -> None:
+  # --- lifetime -------------------------------------------------------------------------------------------------
+  def close(self) -> None:
+    """Stops the worker processes (idempotent). Call it once no other thread is scoring."""
+    if self._pool is not None:
+      self._pool.close()
+
+  def __enter__(self) -> RewardRunner:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  # --- scoring --------------------------------------------------------------------------------------------------
+  def score_batch(self, completions: Sequence[str], answers: Sequence[str]) -> RewardBatch:
+    """Scores one batch. Raises RewardError when every call of a non-empty batch failed."""
     n = len(completions)
-    with batch.cond:
-      if batch.generation != generation:
-        return
-      i = batch.next
-    while i < n:
-      value, error = math.nan, None
-      try:
-        raw = self.fn(completions[i], answers[i])
-        value = float(raw) if isinstance(raw, (bool, int, float, np.number)) else math.nan
-        if not math.isfinite(value):
-          error = f"reward returned {raw!r}, not a finite number"
-      except Exception as exc:  # any failure of user code is scored, never raised
-        error = f"{type(exc).__name__}: {exc}"
-      with batch.cond:
-        if batch.generation != generation:
-          return  # abandoned after a timeout: the caller already scored this call
-        batch.values[i] = value
-        batch.ok[i] = error is None
-        if error is not None and batch.first_error is None:
-          batch.first_error = error
-        i = batch.next = i + 1
-        batch.started = time.monotonic()
-        if i == n:
-          batch.cond.notify_all()
+    if len(answers) != n:
+      raise ValueError(f"{n} completions but {len(answers)} answers")
+    if n == 0:
+      return RewardBatch(np.zeros(0, np.float32), np.zeros(0, bool), np.zeros(0, bool), None)
+    if self._pool is None:
+      out = [worker.call(self.fn, c, a) for c, a in zip(completions, answers)]
+      values = np.array([v for v, _ in out], np.float64)
+      errors = [e for _, e in out]
+      timed_out, killed = np.zeros(n, bool), 0
+    else:
+      result = self._pool.score(list(completions), list(answers))
+      values, errors, timed_out, killed = result.values, result.errors, result.timed_out, result.killed_workers
+    ok = np.array([e is None for e in errors])
+    raw = np.where(ok, values, 0.0)
+    scaled = raw if self.scale == "01" else 2.0 * raw - 1.0
+    rewards = np.where(ok, scaled, self.failure_reward).astype(np.float32)
+    first = next((e for e in errors if e is not None), None)
+    self._record(n, ok, timed_out, killed, errors, first)
+    if not ok.any():
+      raise RewardError(f"reward function {self.name} failed on every one of the {n} calls of a batch; "
+                        f"first error: {first}")
+    return RewardBatch(rewards, ~ok, timed_out, first)
 
-  def _spawn(self, batch: _Batch, completions, answers) -> None:
-    threading.Thread(target=self._work, args=(batch, batch.generation, completions, answers), daemon=True,
-                     name="reward-worker").start()
+  def _record(self, n: int, ok: np.ndarray, timed_out: np.ndarray, killed: int, errors: list, first) -> None:
+    new_texts, too_many = [], False
+    with self._totals:
+      timeouts = int(timed_out.sum())
+      self.calls += n
+      self.timeouts += timeouts
+      self.errors += int((~ok).sum()) - timeouts
+      self.killed_workers += killed
+      if first is not None:
+        self.first_error = self.first_error or first
+        self.last_error = first
+        for text in dict.fromkeys(e for e in errors if e is not None):
+          if text in self._warned:
+            continue
+          if len(self._warned) >= MAX_WARNED:
+            too_many, self._capped = not self._capped, True
+            break
+          self._warned.add(text)
+          new_texts.append(text)
+      failed, calls = self.errors + self.timeouts, self.calls
+    for text in new_texts:
+      logger.warning("reward function %s failed: %s (%d of %d calls failed so far)", self.name, text, failed, calls)
+    if too_many:
+      logger.warning("reward function %s: further distinct error texts are counted, not logged", self.name)
 
   def score(self, completions: Sequence[str], answers: Sequence[str]) -> tuple[np.ndarray, int]:
     """Rewards float32[n] on the configured scale, and how many calls failed (raised, bad value or timed out)."""
@@ -127,44 +225,14 @@ class RewardRunner:
 
   def score_each(self, completions: Sequence[str], answers: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Rewards float32[n] on the configured scale, and bool[n]: which calls failed (scored `failure_reward`)."""
-    n = len(completions)
-    if len(answers) != n:
-      raise ValueError(f"{n} completions but {len(answers)} answers")
-    if n == 0:
-      return np.zeros(0, np.float32), np.zeros(0, bool)
-    batch = _Batch(n)
-    with batch.cond:
-      self._spawn(batch, completions, answers)
-      while batch.next < n:
-        left = batch.started + self.timeout_s - time.monotonic()
-        if left > 0:
-          batch.cond.wait(left)
-          continue
-        batch.timed_out[batch.next] = True
-        batch.next += 1
-        batch.generation += 1
-        batch.started = time.monotonic()
-        with self._totals:
-          self.abandoned_threads += 1
-        if batch.next < n:
-          self._spawn(batch, completions, answers)
-    raw = np.where(batch.ok, batch.values, 0.0)
-    scaled = raw if self.scale == "01" else 2.0 * raw - 1.0
-    rewards = np.where(batch.ok, scaled, self.failure_reward).astype(np.float32)
-    timeouts = int(batch.timed_out.sum())
-    failures = int((~batch.ok).sum())
-    with self._totals:
-      self.calls += n
-      self.timeouts += timeouts
-      self.errors += failures - timeouts
-      if batch.first_error is not None:
-        self.last_error = batch.first_error
-    return rewards, ~batch.ok
+    batch = self.score_batch(completions, answers)
+    return batch.rewards, batch.failed
 
   def score_groups(self, groups: Sequence[types.RolloutGroup],
                    decode: Callable[[np.ndarray], str]) -> list[types.ScoredGroup]:
-    """Every sample of these groups scored in one batch (one worker hand-off, not one per group); success is
-    decided here, once, for the advantages' filters, No-Positive-Resampling and evaluation alike."""
+    """Every sample of these groups scored in one batch (a handful of worker round trips, not one per group);
+    success is decided here, once, for the advantages' filters, No-Positive-Resampling and evaluation alike.
+    RewardError (every call failed) propagates: the caller lets it stop the run."""
     texts = [decode(s.tokens) for g in groups for s in g.samples]
     answers = [g.prompt.answer for g in groups for _ in g.samples]
     rewards, failed = self.score_each(texts, answers)
@@ -178,15 +246,25 @@ class RewardRunner:
     return out
 
   def metrics(self) -> dict[str, float]:
-    return {"reward/calls": self.calls, "reward/errors": self.errors, "reward/timeouts": self.timeouts,
-            "reward/abandoned_threads": self.abandoned_threads}
+    """Totals since construction; error texts are in `first_error` / `last_error` (metrics are numbers)."""
+    with self._totals:
+      failed = self.errors + self.timeouts
+      return {"reward/calls": self.calls, "reward/errors": self.errors, "reward/timeouts": self.timeouts,
+              "reward/killed_workers": self.killed_workers,
+              "reward/failure_rate": failed / self.calls if self.calls else 0.0}
 
 
 def make_reward_runner(cfg, task_reward: RewardFn) -> RewardRunner:
-  """From a DataConfig: `data.reward_fn` (dotted path) if set, else the task's own verifier."""
-  fn = load_reward_fn(cfg.reward_fn) if cfg.reward_fn else task_reward
+  """From a DataConfig: `data.reward_fn` (dotted path) if set, else the task's own verifier. Pure built-in
+  verifiers run inline; anything else in `data.reward_workers` worker processes."""
+  if cfg.reward_fn:
+    fn, name, ref = load_reward_fn(cfg.reward_fn), cfg.reward_fn, cfg.reward_fn
+  else:
+    fn, name, ref = task_reward, "", ""
+  isolation = "inline" if qualified_name(fn) in PURE_VERIFIERS else "process"
   failure = cfg.failure_reward if cfg.failure_reward is not None else lowest_reward(cfg.reward_scale)
-  return RewardRunner(fn, cfg.reward_timeout_s, failure, cfg.reward_scale)
+  return RewardRunner(fn, cfg.reward_timeout_s, failure, cfg.reward_scale, isolation=isolation,
+                      workers=cfg.reward_workers, name=name, ref=ref)
 
 
 def lowest_reward(scale: str) -> float:

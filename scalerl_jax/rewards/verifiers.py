@@ -5,6 +5,7 @@
   final_answer         the text a verifier compares
 
 Any such function can be named in `data.reward_fn`; `RewardRunner` (runner.py) bounds its time and failures.
+How the runner runs the built-in ones is decided by name, below (tasks.py's `reward` staticmethods wrap them).
 """
 
 from __future__ import annotations
@@ -14,6 +15,26 @@ import threading
 from typing import Optional
 
 from scalerl_jax.data.tokenizer import END_MARKER, EOS_CHAR
+
+
+# Pure and cannot hang (string comparison, a bounded integer-expression parser): scored inline on the caller's
+# thread, no worker pool. Everything else (a user's data.reward_fn, math-verify) runs in worker processes.
+PURE_VERIFIERS = frozenset({
+    "scalerl_jax.rewards.verifiers.exact_match_reward",
+    "scalerl_jax.data.tasks.AdditionTask.reward",
+    "scalerl_jax.data.tasks.CountdownTask.reward",
+})
+# Modules a reward worker imports when it starts, so the first call after a worker was replaced is not slow.
+PRELOAD = {
+    "scalerl_jax.rewards.verifiers.math_verify_reward": ("math_verify",),
+    "scalerl_jax.data.tasks.FileTask.reward": ("math_verify",),
+}
+
+
+def qualified_name(fn) -> str:
+  """'package.module.Qual.name' of a function ('' when it has none, e.g. a functools.partial)."""
+  module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+  return f"{module}.{qualname}" if module and qualname else ""
 
 
 def final_answer(completion: str, end_marker: str = END_MARKER, eos: str = EOS_CHAR) -> Optional[str]:

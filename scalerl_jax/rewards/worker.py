@@ -1,0 +1,150 @@
+"""What runs inside a reward worker process, and the call-and-check that the inline path shares with it.
+
+A worker is a pebble worker process (pool.py) started by the 'forkserver' (else 'spawn') multiprocessing context;
+`init` runs once per worker before its first task, `score_chunk` per task. This module imports nothing heavy, so a
+worker that replaces a killed one is ready quickly (the reward function's own module is imported by `init`, before
+the worker takes a task: imports never count against `timeout_s`).
+
+What a worker does at start (`init`):
+  - stdout and stderr (file descriptors 1 and 2, so C code and subprocesses too) go to /dev/null: a verifier that
+    prints megabytes cannot flood the trainer's log;
+  - on Linux it asks for SIGKILL when its parent (the forkserver, which then exits with the trainer) dies, so a
+    worker stuck in a hanging call never outlives a trainer that was killed (see _die_with_the_forkserver);
+  - the trainer's sys.path (sent explicitly) is put in front of its own, so any dotted path that imports in the
+    trainer imports here (multiprocessing also copies sys.path, but only for the modules it imports itself);
+  - it imports `preload` (e.g. math_verify) and resolves the reward function from its reference
+    'package.module:qual.name'. A failure there is kept as text and every call of this worker reports it (an
+    initializer that raised would make pebble restart the worker forever).
+What comes back per call is small by construction: a float, or a float and an error text of at most MAX_TEXT
+characters (a returned object is never sent back, only a bounded repr of it in the error).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import reprlib
+import signal
+import sys
+import time
+from typing import Any, Callable, Optional, Sequence
+
+MAX_TEXT = 300  # characters of an error text
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 60
+
+_fn: Optional[Callable[[str, str], Any]] = None
+_init_error = "reward worker not initialised"
+
+
+def resolve(ref: str) -> Any:
+  """'package.module:qual.name' (or 'package.module.name') -> the object, by import and getattr only."""
+  module_name, sep, qualname = ref.partition(":")
+  if not sep:
+    module_name, _, qualname = ref.rpartition(".")
+  obj = importlib.import_module(module_name)
+  for part in qualname.split("."):
+    obj = getattr(obj, part)
+  return obj
+
+
+def _short(text: str) -> str:
+  return text if len(text) <= MAX_TEXT else text[:MAX_TEXT - 3] + "..."
+
+
+def error_text(exc: BaseException) -> str:
+  """'Type: message', bounded."""
+  try:
+    message = str(exc)
+  except Exception:  # a user exception whose __str__ fails
+    message = "<unprintable>"
+  return _short(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
+
+
+def check(raw: Any) -> tuple[float, Optional[str]]:
+  """A reward function's return value -> (float, None), or (nan, why it is not a score)."""
+  np = sys.modules.get("numpy")  # a numpy scalar can only exist if numpy is imported
+  if isinstance(raw, (bool, int, float)) or (np is not None and isinstance(raw, (np.number, np.bool_))):
+    value = float(raw)
+    if math.isfinite(value):
+      return value, None
+    return math.nan, _short(f"returned {_repr.repr(raw)}, not a finite number")
+  return math.nan, _short(f"returned {_repr.repr(raw)}, not a number")
+
+
+def call(fn: Callable[[str, str], Any], completion: str, answer: str,
+         catch: type[BaseException] = Exception) -> tuple[float, Optional[str]]:
+  """One scored call: (value, None) or (nan, error text). Workers catch BaseException (a verifier's sys.exit is a
+  failed call, not a dead worker); the inline path only Exception (Ctrl-C must still reach the trainer)."""
+  try:
+    return check(fn(completion, answer))
+  except catch as exc:
+    return math.nan, error_text(exc)
+
+
+def _silence_output() -> None:
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except Exception:
+      pass
+  null = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(null, 1)
+  os.dup2(null, 2)
+  os.close(null)
+
+
+def _die_with_the_forkserver() -> None:
+  """SIGKILL this worker when its parent, the forkserver, exits. The forkserver exits once no client holds its
+  'alive' pipe; every child it forks inherits a copy of that pipe (so children could fork through it too), so a
+  hung worker would keep the forkserver, and so itself, alive for good after the trainer died. A worker starts no
+  processes: it closes its copy, and the forkserver ends with the trainer."""
+  if not sys.platform.startswith("linux"):
+    return
+  try:
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    alive_fd = getattr(server, "_forkserver_alive_fd", None)
+    if alive_fd is not None:
+      os.close(alive_fd)
+      server._forkserver_alive_fd = None
+  except Exception:
+    pass
+  try:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+  except Exception:
+    return
+  if os.getppid() == 1:  # the forkserver was already gone before the request took effect
+    os._exit(1)
+
+
+def init(sys_path: Sequence[str], ref: str, preload: Sequence[str] = ()) -> None:
+  """pebble's initializer: runs once in each new worker. Never raises (see the module docstring)."""
+  global _fn, _init_error
+  try:
+    _silence_output()
+    _die_with_the_forkserver()
+    sys.path[:0] = [p for p in sys_path if p not in sys.path]
+    for name in preload:
+      try:
+        importlib.import_module(name)
+      except Exception:
+        pass  # the first call reports the problem with its own text
+    _fn = resolve(ref)
+    if not callable(_fn):
+      _fn, _init_error = None, _short(f"{ref} is not callable in the worker")
+  except BaseException as exc:
+    _fn, _init_error = None, _short(f"cannot load {ref} in a reward worker: {error_text(exc)}")
+
+
+def score_chunk(completions: Sequence[str], answers: Sequence[str]) -> tuple[list[tuple[float, Optional[str]]], float]:
+  """pebble's task: every call of a chunk in order -> ([(value, error or None)], seconds the chunk took)."""
+  t0 = time.perf_counter()
+  if _fn is None:
+    return [(math.nan, _init_error)] * len(completions), 0.0
+  out = [call(_fn, c, a, BaseException) for c, a in zip(completions, answers)]
+  return out, time.perf_counter() - t0
