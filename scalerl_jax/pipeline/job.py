@@ -205,6 +205,7 @@ class RLJob:
     data_metrics = self.cursor.record(step, packed.prompt_ids, [g.pass_rate for g in batch.groups])
     self._flush()  # the previous step's device metrics are ready by now: read them one step late
     host = step_metrics.host_metrics(batch, packed, prepare_metrics, data_metrics, sync_s, wait_s, self.version)
+    host.update(self.rewards.metrics())  # totals: calls, errors, timeouts, killed workers, failure rate
     self.meter.count_tokens(host["rollout/tokens"], self.trained_tokens, self._flops_per_token)
     self.log.hold(types.StepRecord(step, device_metrics, host, self.trained_tokens / train_s,
                                    time.perf_counter() - t0 + wait_s, wait_s))
@@ -271,7 +272,7 @@ class RLJob:
 
   def run(self) -> dict:
     """PipelineRL-k / PPO-off-policy-k with the generator on its own thread."""
-    with self._interrupt.installed():
+    with self._interrupt.installed(), self.rewards:  # the reward workers stop with the run, however it ends
       self._begin()
       stop = threading.Event()
       self._generator = GeneratorThread(
@@ -291,7 +292,7 @@ class RLJob:
 
   def run_sync(self) -> dict:
     """The synchronous reference loop (no threads): generate batch s with params v = s, train, repeat."""
-    with self._interrupt.installed():
+    with self._interrupt.installed(), self.rewards:
       self._begin()
       try:
         with self.meter.count_compilation():
