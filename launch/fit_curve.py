@@ -10,6 +10,7 @@ runs are also compared (A, P(A1 > A2) with --bayes, B at a common A when |A1 - A
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 
@@ -37,15 +38,50 @@ def parse_args(argv=None):
   return p, p.parse_args(argv)
 
 
+def fail(message: str) -> None:
+  sys.stderr.write(f"fit_curve.py: error: {message}\n")
+  raise SystemExit(2)
+
+
+def _writable(path: str, flag: str) -> None:
+  """Fails early (before a long fit) when `path` cannot be written: a folder, or a parent that is not one."""
+  p = pathlib.Path(path)
+  if p.is_dir():
+    fail(f"cannot write {flag} {p}: is a directory")
+  parent = next((a for a in [p.parent, *p.parent.parents] if a.exists()), pathlib.Path("."))
+  if not parent.is_dir():
+    fail(f"cannot write {flag} {p}: {parent} is not a directory")
+  if not os.access(parent, os.W_OK | os.X_OK):
+    fail(f"cannot write {flag} {p}: {parent} is not writable")
+  if flag == "--plot" and p.suffix:
+    from matplotlib.backend_bases import FigureCanvasBase
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if p.suffix[1:].lower() not in kinds:
+      fail(f"cannot write {flag} {p}: unknown image format {p.suffix!r} (use one of {', '.join(sorted(kinds))})")
+
+
+def _write(path: str, flag: str, write) -> None:
+  try:
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write()
+  except (OSError, ValueError) as e:  # ValueError: matplotlib's unknown image format
+    fail(f"cannot write {flag} {path}: {e.strerror if isinstance(e, OSError) and e.strerror else e}")
+
+
 def main(argv=None) -> int:
-  parser, args = parse_args(argv)
+  _, args = parse_args(argv)
   setup_logging(args.verbose)
+  if args.samples < 1:
+    fail(f"--samples must be positive, got {args.samples}")
+  for flag, path in (("--json", args.json), ("--plot", args.plot)):
+    if path:
+      _writable(path, flag)
   try:
     runs = [scaling.analyse(scaling.load_points(path, x=args.x), fit_upto=args.fit_upto, c_min=args.c_min,
                             method=args.method, bayes=args.bayes, num_warmup=args.samples // 2,
                             num_samples=args.samples) for path in args.inputs]
   except UserError as e:
-    parser.error(str(e))
+    fail(str(e))
   out = {"x": args.x, "fit_upto": args.fit_upto, "c_min": args.c_min, "runs": [scaling.summary(r) for r in runs]}
   for s in out["runs"]:
     print(scaling.format_report(s))
@@ -54,12 +90,11 @@ def main(argv=None) -> int:
     for pair in out["comparisons"]:
       print(scaling.format_comparison(pair))
   if args.json:
-    pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    _write(args.json, "--json", lambda: pathlib.Path(args.json).write_text(json.dumps(out, indent=1) + "\n"))
   if args.plot:
     from scalerl_jax.scaling import plots
     ax = plots.plot_fit(runs[0]) if len(runs) == 1 else plots.plot_comparison(runs)
-    plots.save(ax.figure, args.plot)
+    _write(args.plot, "--plot", lambda: plots.save(ax.figure, args.plot))
   return 0
 
 

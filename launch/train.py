@@ -1,33 +1,125 @@
-"""The main job: `python launch/train.py [--config FILE] [--mesh SPEC] [key=value ...]`.
+"""The main job: `python launch/train.py [--config FILE] [--mesh SPEC] [--sync] [--overwrite] [key=value ...]`.
 
 With no arguments it runs the embedded CPU default (configs/cpu_default.yaml): a small policy warm-started on the
 built-in addition task, then the ScaleRL recipe with PipelineRL-k, held-out evaluation, checkpoints, logs and a
-scaling-curve fit at the end.
+scaling-curve fit at the end. Overrides may come before, between or after the flags. A user error (config, data,
+tokenizer, mesh, reward, resume, run directory) prints as `train.py: error: ...` and exits 2, whichever thread
+raised it; anything else is a bug and keeps its traceback.
 """
 
 import argparse
+import logging
 import pathlib
+import shutil
 import sys
+from typing import Optional
 
 from scalerl_jax.config import CONFIG_GROUPS, load_config
 from scalerl_jax.errors import UserError
 from scalerl_jax.logs import setup_logging
 
 DEFAULT = pathlib.Path(__file__).resolve().parent.parent / "configs" / "cpu_default.yaml"
+PROG = "train.py"
+# what a run writes into its run directory and a fresh run (checkpoint.resume=false) would replace
+PREVIOUS_RUN = ("metrics.jsonl", "consumed_prompts.jsonl", "checkpoints", "tensorboard")
+log = logging.getLogger("scalerl_jax.launch.train")
 
 
-def main(argv=None) -> int:
+def make_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
-      description="ScaleRL training (PipelineRL-k). Any config key can be overridden as group.key=value.",
+      prog=PROG,
+      description="ScaleRL training (PipelineRL-k). Any config key can be overridden as group.key=value, before or "
+                  "after the flags.",
       epilog="config groups: " + ", ".join(CONFIG_GROUPS) + ". Example: loss.name=dapo pipeline.max_lag=4 "
-             "optimizer.lr=5e-7. See configs/*.yaml for every key.")
+             "optimizer.lr=5e-7. See configs/*.yaml for every key. A run directory with a checkpoint resumes; "
+             "checkpoint.resume=false into a run directory that already holds a run is refused unless --overwrite.")
   parser.add_argument("--config", default=str(DEFAULT), help="YAML file (default: %(default)s)")
   parser.add_argument("--mesh", help="trainer mesh, e.g. data=1,fsdp=4,tensor=2,expert=1 (one axis may be -1)")
   parser.add_argument("--generator-mesh", help="generator mesh over mesh.generator_devices, e.g. data=-1,tensor=1")
   parser.add_argument("--sync", action="store_true", help="run the synchronous reference loop instead")
+  parser.add_argument("--overwrite", action="store_true",
+                      help="with checkpoint.resume=false: delete the run directory's previous " + ", ".join(
+                          PREVIOUS_RUN) + " and start afresh (without this flag such a run is refused, so a "
+                      "finished run's metrics are never lost silently)")
   parser.add_argument("--verbose", action="store_true", help="also show the libraries' INFO logs (jax, orbax, ...)")
   parser.add_argument("overrides", nargs="*", metavar="key=value")
-  args = parser.parse_args(argv)
+  return parser
+
+
+def parse_args(argv=None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+  parser = make_parser()
+  return parser, parser.parse_intermixed_args(argv)  # `a=1 --sync b=2`: overrides on both sides of a flag
+
+
+def _previous_run(run_dir: pathlib.Path) -> list[str]:
+  """The parts of an earlier run in `run_dir` (non-empty files and folders of PREVIOUS_RUN)."""
+  found = []
+  for name in PREVIOUS_RUN:
+    p = run_dir / name
+    if (p.is_file() and p.stat().st_size > 0) or (p.is_dir() and any(p.iterdir())):
+      found.append(name + ("/" if p.is_dir() else ""))
+  return found
+
+
+def prepare_run_dir(cfg, overwrite: bool) -> Optional[str]:
+  """Checks and creates cfg.run_dir before the job is built; returns a one-line error, or None when fine.
+
+  checkpoint.resume=false into a directory that holds an earlier run is refused (the fresh run would delete its
+  metrics.jsonl and mix its checkpoints with the old ones) unless `overwrite`, which deletes those parts first."""
+  run_dir = pathlib.Path(cfg.run_dir)  # as RLJob reads it
+  if run_dir.exists() and not run_dir.is_dir():
+    return f"run_dir {run_dir}: is a file"
+  try:
+    run_dir.mkdir(parents=True, exist_ok=True)
+  except OSError as exc:
+    return f"run_dir {run_dir}: cannot create it ({exc.strerror or exc})"
+  previous = _previous_run(run_dir)
+  if not previous:
+    return None
+  if cfg.checkpoint.resume:
+    if overwrite:
+      log.warning("--overwrite does nothing without checkpoint.resume=false (%s is resumed, not replaced)", run_dir)
+    if "checkpoints/" not in previous and "metrics.jsonl" in previous:
+      log.warning("%s holds metrics.jsonl but no checkpoint: this run starts afresh and replaces it", run_dir)
+    return None
+  if not overwrite:
+    return (f"run_dir {run_dir} holds an earlier run ({', '.join(previous)}) that checkpoint.resume=false would "
+            "overwrite: pass --overwrite to delete it, choose another run_dir, or drop checkpoint.resume=false to "
+            "continue it")
+  from scalerl_jax.train.run_lock import RunLock  # a live run holds the lock: never delete what it writes
+
+  try:
+    with RunLock(run_dir):
+      log.warning("--overwrite: deleting the earlier run's %s in %s", ", ".join(previous), run_dir)
+      for name in previous:
+        p = run_dir / name.rstrip("/")
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+  except UserError as exc:  # RunDirBusyError
+    return str(exc)
+  except OSError as exc:
+    return f"run_dir {run_dir}: cannot delete the earlier run ({exc.strerror or exc}: {exc.filename})"
+  return None
+
+
+def user_error(exc: BaseException) -> Optional[UserError]:
+  """`exc` itself or the first UserError in its chain of causes (a generator-thread failure wraps the error it
+  caught in a PipelineError); None when the chain holds none."""
+  seen = set()
+  while exc is not None and id(exc) not in seen:
+    if isinstance(exc, UserError):
+      return exc
+    seen.add(id(exc))
+    exc = exc.__cause__ or exc.__context__
+  return None
+
+
+def fail(message: str) -> None:
+  sys.stderr.write(f"{PROG}: error: {message}\n")
+  raise SystemExit(2)
+
+
+def main(argv=None) -> int:
+  _, args = parse_args(argv)
   overrides = list(args.overrides)
   if args.mesh:
     overrides.append(f"mesh.spec={args.mesh}")
@@ -36,19 +128,25 @@ def main(argv=None) -> int:
   try:
     cfg = load_config(args.config, overrides)
   except UserError as exc:
-    parser.error(str(exc))
+    fail(str(exc))
   setup_logging(args.verbose)
+  problem = prepare_run_dir(cfg, args.overwrite)
+  if problem:
+    fail(problem)
 
   from scalerl_jax.pipeline.job import RLJob  # after argument checks: importing jax takes a while
   from scalerl_jax.pipeline.report import final_report
 
-  try:  # config, mesh, data, reward or resume problems: one clear line, no traceback
+  try:  # config, mesh, data, reward or resume problems, from either thread: one clear line, no traceback
     job = RLJob(cfg)
     summary = job.run_sync() if args.sync else job.run()
-  except UserError as exc:
-    parser.exit(2, f"train.py: error: {exc}\n")
+  except Exception as exc:  # noqa: BLE001  (re-raised unless it is, or was caused by, a user error)
+    cause = user_error(exc)
+    if cause is None:
+      raise
+    fail(str(cause))
   print(final_report(cfg, summary))
-  return 130 if job.interrupted else 0
+  return job.exit_code
 
 
 if __name__ == "__main__":

@@ -57,3 +57,50 @@ def test_make_tokenizer_from_config(tmp_path):
   path = make_fixtures.write_tokenizer_json(tmp_path / "tokenizer.json")
   tok = make_tokenizer(dataclasses.replace(DataConfig(), tokenizer=str(path), chat_template="{prompt} <|assistant|>"))
   assert isinstance(tok, HFTokenizer) and tok.encode_prompt("Ava")[-1] == tok.token_id("<|assistant|>")
+
+
+@pytest.mark.parametrize("content", [b"{garbage", b"", b'{"version": "1.0"}', b'{"model": {"type": "WordLevel", "vo',
+                                     '{"added_tokens": "caf\xe9"}'.encode("latin-1")])
+def test_corrupt_tokenizer_json_is_a_data_error_naming_the_file(tmp_path, content):
+  path = tmp_path / "tokenizer.json"
+  path.write_bytes(content)
+  with pytest.raises(DataError) as err:
+    HFTokenizer(tmp_path)
+  message = str(err.value)
+  assert message.startswith(f"data.tokenizer: {path} is not a readable tokenizer.json (") and "\n" not in message
+  with pytest.raises(DataError, match="is not a readable tokenizer.json"):
+    make_tokenizer(DataConfig(tokenizer=str(path)))
+
+
+def _no_usual_eos(tmp_path):
+  from tokenizers import Tokenizer, models
+  tok = Tokenizer(models.WordLevel({"<unk>": 0, "<stop>": 1, "a": 2}, unk_token="<unk>"))
+  path = tmp_path / "tokenizer.json"
+  tok.save(str(path))
+  return path
+
+
+def test_missing_eos_says_to_set_data_eos_token(tmp_path):
+  path = _no_usual_eos(tmp_path)
+  with pytest.raises(DataError, match=r"no EOS token among .*; name this tokenizer's end-of-sequence token with "
+                                      r"data\.eos_token=<token>"):
+    make_tokenizer(DataConfig(tokenizer=str(path)))
+
+
+def test_make_tokenizer_passes_data_eos_token(tmp_path):
+  path = _no_usual_eos(tmp_path)
+  assert make_tokenizer(DataConfig(tokenizer=str(path), eos_token="<stop>")).eos_id == 1
+  with pytest.raises(DataError, match=r"EOS token '<end>' is not in the vocabulary; data\.eos_token must name a "
+                                      r"token of this tokenizer"):
+    make_tokenizer(DataConfig(tokenizer=str(path), eos_token="<end>"))
+  fixture = make_fixtures.write_tokenizer_json(tmp_path / "other.json")
+  assert make_tokenizer(DataConfig(tokenizer=str(fixture), eos_token="<|assistant|>")).eos_id == 5  # overrides </s>
+  with pytest.raises(DataError, match=r"data\.eos_token='</s>' needs data\.tokenizer set to a tokenizer\.json"):
+    make_tokenizer(DataConfig(eos_token="</s>"))
+  assert make_tokenizer(DataConfig(eos_token="$")).eos_id == CharTokenizer().eos_id  # the built-in EOS itself
+
+
+def test_text_the_tokenizer_cannot_take_is_a_data_error(tmp_path):
+  tok = HFTokenizer(make_fixtures.write_tokenizer_json(tmp_path / "tokenizer.json"))
+  with pytest.raises(DataError, match=r"tokenizer\.json cannot tokenize '\\ud800'"):
+    tok.encode("\ud800")

@@ -131,3 +131,106 @@ def test_script_runs_standalone(tmp_path):
   proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "missing")], capture_output=True, text=True,
                         cwd=tmp_path, timeout=120)
   assert proc.returncode == 2 and "fit_curve.py: error:" in proc.stderr
+
+
+def _run_copy(runs, tmp_path, edit):
+  """A copy of the first synthetic run whose metrics.jsonl lines went through `edit(lines) -> lines`."""
+  run = tmp_path / "edited"
+  run.mkdir()
+  lines = (runs[0] / "metrics.jsonl").read_text().splitlines()
+  (run / "metrics.jsonl").write_text("\n".join(edit(lines)) + "\n")
+  return run
+
+
+def _set(line, **values):
+  return json.dumps({**json.loads(line), **{k.replace("__", "/"): v for k, v in values.items()}})
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("eval__n_correct", "12", "eval/n_correct is not an integer: '12'"),
+    ("eval__n_total", 2.5, "eval/n_total is not an integer: 2.5"),
+    ("eval__n_correct", True, "eval/n_correct is not an integer: True"),
+    ("compute__accelerator_seconds", "1e5", "compute/accelerator_seconds is not a number: '1e5'"),
+    ("compute__accelerator_seconds", [1], "compute/accelerator_seconds is not a number: [1]"),
+    ("compute__accelerator_seconds", 10**400, "compute/accelerator_seconds is too large for a float"),
+    ("eval__pass_rate", {"v": 1}, "eval/pass_rate is not a number: {'v': 1}"),
+])
+def test_non_numeric_values_name_file_line_and_key(runs, tmp_path, capsys, key, value, message):
+  line = 1 + next(i for i, l in enumerate((runs[0] / "metrics.jsonl").read_text().splitlines())
+                  if "eval/pass_rate" in l and i > 5)
+  run = _run_copy(runs, tmp_path, lambda ls: [_set(l, **{key: value}) if i == line - 1 else l
+                                              for i, l in enumerate(ls)])
+  err = _error(capsys, [str(run)])
+  assert err.startswith(f"fit_curve.py: error: {run / 'metrics.jsonl'}:{line}: {message}") and err.count("\n") == 1
+
+
+def test_non_numeric_per_prompt_counts_name_the_line(runs, tmp_path, capsys):
+  def edit(lines):
+    out = []
+    for l in lines:
+      rec = json.loads(l)
+      if "eval/pass_rate" in rec:
+        rec.update({"eval/per_prompt_correct": [1, 2], "eval/samples_per_prompt": 4})
+      out.append(json.dumps(rec))
+    first_eval = next(i for i, r in enumerate(out) if "eval/pass_rate" in r)
+    out[first_eval] = _set(out[first_eval], eval__per_prompt_correct=[1, "x"])
+    return out
+  run = _run_copy(runs, tmp_path, edit)
+  assert "metrics.jsonl:1: eval/per_prompt_correct[1] is not an integer: 'x'" in _error(capsys, [str(run)])
+
+
+def test_csv_counts_must_be_whole_numbers(tmp_path, capsys):
+  csv = _csv(tmp_path / "c.csv", [(0, 0.3, 3, 10), (1, 0.4, "4.5", 10)], header="compute,reward,n_correct,n_total")
+  assert f"{csv}:3: column n_correct is not an integer count: '4.5'" in _error(capsys, [str(csv)])
+  csv = _csv(tmp_path / "d.csv", [(0, 0.3, 3, 10), (1, 0.4, "four", 10)], header="compute,reward,n_correct,n_total")
+  assert f"{csv}:3: column n_correct is not a number: 'four'" in _error(capsys, [str(csv)])
+
+
+def test_curve_points_reject_non_numbers_as_curve_data_errors():
+  from scalerl_jax.scaling.points import CurveDataError, CurvePoints
+  with pytest.raises(CurveDataError, match="run: n_correct holds a value that is not a number"):
+    CurvePoints([0, 1], [0.1, 0.2], n_correct=["a", 1], n_total=[4, 4], name="run")
+  with pytest.raises(CurveDataError, match="compute holds a value that is not a number"):
+    CurvePoints(["x", 1], [0.1, 0.2])
+  with pytest.raises(CurveDataError, match="n_correct and n_total must be whole counts"):
+    CurvePoints([0, 1], [0.1, 0.2], n_correct=[1.5, 1], n_total=[4, 4])
+
+
+def test_a_last_line_cut_by_a_kill_is_skipped_with_a_warning(runs, tmp_path, capsys, caplog):
+  cut = _run_copy(runs, tmp_path, lambda ls: ls + [ls[-1][:25]])
+  (cut / "metrics.jsonl").write_text((cut / "metrics.jsonl").read_text().rstrip("\n"))  # a kill: no newline
+  with caplog.at_level("WARNING", logger="scalerl_jax.scaling.io"):
+    assert cli.main([str(cut)]) == 0
+  n = len((runs[0] / "metrics.jsonl").read_text().splitlines()) + 1
+  assert any(f"metrics.jsonl:{n}: skipping the last line, cut off" in r.getMessage() for r in caplog.records)
+  assert capsys.readouterr().out.count("curve fit [") == 1
+
+
+def test_a_broken_line_before_the_last_is_an_error_naming_it(runs, tmp_path, capsys):
+  broken = _run_copy(runs, tmp_path, lambda ls: ls[:3] + [ls[3][:25]] + ls[3:])
+  err = _error(capsys, [str(broken)])
+  assert f"{broken / 'metrics.jsonl'}:4: not a JSON line (Unterminated string" in err
+
+
+def test_unwritable_outputs_are_one_line_errors_before_the_fit(runs, tmp_path, capsys):
+  a_file = tmp_path / "file.txt"
+  a_file.write_text("x")
+  for argv, message in (
+      (["--plot", str(a_file / "fit.png")], f"cannot write --plot {a_file / 'fit.png'}: {a_file} is not a directory"),
+      (["--json", str(a_file / "sub" / "f.json")], f"cannot write --json {a_file / 'sub' / 'f.json'}: {a_file} is not"),
+      (["--json", str(tmp_path)], f"cannot write --json {tmp_path}: is a directory"),
+      (["--plot", str(tmp_path / "fit.xyz")], "cannot write --plot " + str(tmp_path / "fit.xyz") + ": unknown image "
+       "format '.xyz'"),
+      (["--samples", "0"], "--samples must be positive, got 0")):
+    err = _error(capsys, [str(runs[0]), *argv])
+    assert err.startswith("fit_curve.py: error: " + message) and err.count("\n") == 1, err
+
+
+def test_a_write_that_fails_after_the_fit_is_one_line(runs, tmp_path, capsys, monkeypatch):
+  from scalerl_jax.scaling import plots
+
+  def refuse(fig, path):
+    raise PermissionError(13, "Permission denied", str(path))
+  monkeypatch.setattr(plots, "save", refuse)
+  err = _error(capsys, [str(runs[0]), "--plot", str(tmp_path / "fit.png")])
+  assert err == f"fit_curve.py: error: cannot write --plot {tmp_path / 'fit.png'}: Permission denied\n"

@@ -6,9 +6,12 @@ A row maps to a `Record` through three configurable fields (dotted paths reach i
 id is a hash of the prompt and answer, so it is stable across runs and machines; a repeated row gets "-2", "-3", ...
 appended. A repeated explicit id is a bad row.
 
-A bad row (not valid JSON, not an object, a missing or empty field, a wrong type) raises a DataError naming the file,
-the line (JSONL) or row (Parquet, 1-based) and the field; with `data.skip_bad_rows` it is skipped and counted instead.
-A file that ends up with no rows is always an error.
+A bad row (not UTF-8, not valid JSON, not an object, a missing or empty field, a wrong type, a non-finite number, a
+string with lone surrogates) raises a DataError naming the file, the line (JSONL) or row (Parquet, 1-based) and the
+field; with `data.skip_bad_rows` it is skipped and counted instead: `ReadResult.skipped` of `ReadResult.rows`, the
+first few reasons in `ReadResult.errors`, and on this module's logger a warning naming the file, the count and the
+first reason (the next few reasons follow at INFO). A Parquet file without the field's column, an unreadable file and a file that ends up with no rows are
+always errors. A UTF-8 byte-order mark at the start of a JSONL file is accepted.
 """
 
 from __future__ import annotations
@@ -16,10 +19,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
+import math
 import pathlib
 from typing import Any, Iterator
 
 from scalerl_jax.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 class DataError(UserError, ValueError):
@@ -40,6 +47,11 @@ class ReadResult:
   records: list[Record]
   skipped: int  # bad rows skipped under skip_bad_rows
   errors: list[str]  # the first few skip reasons
+  rows: int = 0  # rows read (good and bad; blank JSONL lines are not rows)
+
+  def counts(self) -> dict[str, int]:
+    """The metrics of one read: {"rows_read", "skipped_bad_rows"} (unprefixed, like PromptStream.counts)."""
+    return {"rows_read": self.rows, "skipped_bad_rows": self.skipped}
 
 
 _MISSING = object()
@@ -54,15 +66,44 @@ def _field(row: dict, dotted: str) -> Any:
   return value
 
 
-def _text(value: Any, field: str, kind: str, allow_numbers: bool) -> str:
+def _short(value: Any, limit: int = 60) -> str:
+  """repr(value) cut to `limit` characters, for messages (a row may hold megabytes)."""
+  text = repr(value)
+  return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _keys_hint(row: Any, kind: str) -> str:
+  """What the row does hold, for a missing field: its first keys and the config key that picks the field."""
+  if not isinstance(row, dict) or not row:
+    return ""
+  keys = ", ".join(_short(k, 40) for k in list(row)[:8]) + (", ..." if len(row) > 8 else "")
+  return f" (row keys: {keys}; set data.{kind}_field)"
+
+
+def _text(value: Any, field: str, kind: str, allow_numbers: bool, row: Any = None) -> str:
   if value is _MISSING:
-    raise DataError(f"missing {kind} field {field!r}")
+    raise DataError(f"missing {kind} field {field!r}" + _keys_hint(row, kind))
   if isinstance(value, bool) or not isinstance(value, (str, int, float) if allow_numbers else str):
     raise DataError(f"{kind} field {field!r} must be a {'string or number' if allow_numbers else 'string'}, "
                     f"got {type(value).__name__}")
-  text = value if isinstance(value, str) else repr(value) if isinstance(value, float) else str(value)
+  if isinstance(value, float) and not math.isfinite(value):
+    raise DataError(f"{kind} field {field!r} must be a finite number, got {value!r}")
+  if isinstance(value, str):
+    text = value
+  elif isinstance(value, float):
+    text = repr(value)
+  else:
+    try:
+      text = str(value)
+    except ValueError as exc:  # an int past Python's digit limit for str()
+      raise DataError(f"{kind} field {field!r}: number too long to convert ({exc})") from None
   if not text.strip():
     raise DataError(f"{kind} field {field!r} is empty")
+  try:
+    text.encode("utf-8")
+  except UnicodeEncodeError as exc:  # JSON "\ud800": a lone surrogate, no character
+    raise DataError(f"{kind} field {field!r} is not valid Unicode (lone surrogate {text[exc.start]!r} at character "
+                    f"{exc.start})") from None
   return text
 
 
@@ -70,30 +111,68 @@ def content_id(text: str, answer: str) -> str:
   return hashlib.sha1(f"{text}\x00{answer}".encode()).hexdigest()[:16]
 
 
-def _rows(path: pathlib.Path) -> Iterator[tuple[str, Any]]:
-  """(location, row or the exception that made the row unreadable)."""
+def _decode(raw: bytes, lineno: int) -> str:
+  if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+    raw = raw[3:]  # a UTF-8 byte-order mark
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError as exc:
+    hint = "; the file looks UTF-16: convert it to UTF-8" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") or (
+        b"\x00" in raw and lineno == 1) else ""
+    raise DataError(f"not UTF-8 text (byte {raw[exc.start]:#04x} at byte {exc.start + 1} of the line{hint})") from None
+
+
+def _json_row(raw: bytes, lineno: int) -> Any:
+  text = _decode(raw, lineno)
+  try:
+    row = json.loads(text)
+  except json.JSONDecodeError as exc:
+    raise DataError(f"not valid JSON ({exc.msg} at character {exc.pos + 1})") from None
+  except RecursionError:
+    raise DataError("not valid JSON (nested too deeply to read)") from None
+  except ValueError as exc:  # an integer literal past Python's digit limit
+    raise DataError(f"not valid JSON ({str(exc).split(';')[0]})") from None
+  if not isinstance(row, dict):
+    raise DataError(f"row is a JSON {type(row).__name__}, not an object")
+  return row
+
+
+def _parquet_rows(path: pathlib.Path, fields: tuple[str, ...]) -> Iterator[tuple[str, Any]]:
+  import pyarrow.parquet as pq
+
+  try:
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+  except Exception as exc:  # pyarrow raises several types for unreadable files
+    reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+    raise DataError(f"{path}: cannot read Parquet ({reason})") from None
+  columns = table.column_names
+  for field in fields:
+    if field and field.split(".")[0] not in columns:
+      shown = ", ".join(_short(c, 40) for c in columns[:12]) + (", ..." if len(columns) > 12 else "")
+      raise DataError(f"{path}: no column {field.split('.')[0]!r} for field {field!r} (columns: {shown or 'none'})")
+  for i, row in enumerate(rows, start=1):
+    yield f"{path}:row {i}", row
+
+
+def _rows(path: pathlib.Path, fields: tuple[str, ...]) -> Iterator[tuple[str, Any]]:
+  """(location, row or the DataError that made the row unreadable)."""
   suffix = path.suffix.lower()
   if suffix in (".jsonl", ".json", ".ndjson"):
-    with path.open("rb") as f:
-      for lineno, raw in enumerate(f, start=1):
-        if not raw.strip():
-          continue
-        where = f"{path}:line {lineno}"
-        try:
-          row = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-          yield where, DataError(f"not valid JSON ({exc})")
-          continue
-        yield where, row if isinstance(row, dict) else DataError(f"row is a {type(row).__name__}, not an object")
-  elif suffix in (".parquet", ".pq"):
-    import pyarrow.parquet as pq
-
     try:
-      table = pq.read_table(path)
-    except Exception as exc:  # pyarrow raises several types for unreadable files
-      raise DataError(f"{path}: cannot read Parquet ({exc})") from None
-    for i, row in enumerate(table.to_pylist(), start=1):
-      yield f"{path}:row {i}", row
+      with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+          if not raw.strip():
+            continue
+          try:
+            row = _json_row(raw, lineno)
+          except DataError as exc:
+            row = exc
+          yield f"{path}:line {lineno}", row
+    except OSError as exc:
+      raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
+  elif suffix in (".parquet", ".pq"):
+    yield from _parquet_rows(path, fields)
   else:
     raise DataError(f"{path}: unknown data format {suffix!r} (expected .jsonl or .parquet)")
 
@@ -108,16 +187,18 @@ def read_records(path: str | pathlib.Path, *, prompt_field: str = "prompt", answ
   errors: list[str] = []
   skipped = 0
   seen: dict[str, int] = {}
-  for where, row in _rows(path):
+  rows = 0
+  for where, row in _rows(path, (prompt_field, answer_field, id_field)):
+    rows += 1
     try:
       if isinstance(row, Exception):
         raise row
-      text = _text(_field(row, prompt_field), prompt_field, "prompt", allow_numbers=False)
-      answer = _text(_field(row, answer_field), answer_field, "answer", allow_numbers=True)
+      text = _text(_field(row, prompt_field), prompt_field, "prompt", allow_numbers=False, row=row)
+      answer = _text(_field(row, answer_field), answer_field, "answer", allow_numbers=True, row=row)
       if id_field:
-        pid = _text(_field(row, id_field), id_field, "id", allow_numbers=True)
+        pid = _text(_field(row, id_field), id_field, "id", allow_numbers=True, row=row)
         if pid in seen:
-          raise DataError(f"id field {id_field!r}: duplicate id {pid!r}")
+          raise DataError(f"id field {id_field!r}: duplicate id {_short(pid)}")
         seen[pid] = 1
       else:
         pid = content_id(text, answer)
@@ -134,6 +215,11 @@ def read_records(path: str | pathlib.Path, *, prompt_field: str = "prompt", answ
       continue
     records.append(Record(pid, text, answer, where))
   if not records:
-    detail = f"; {skipped} bad rows skipped, e.g. {errors[0]}" if skipped else ""
+    detail = f"; {skipped} bad rows skipped, e.g. {errors[0]}" if skipped else " (the file holds no rows)"
     raise DataError(f"{path}: no usable rows{detail}")
-  return ReadResult(records, skipped, errors)
+  if skipped:
+    log.warning("%s: skipped %d of %d rows as bad (data.skip_bad_rows=true); first: %s", path, skipped, rows,
+                errors[0])
+    for reason in errors[1:]:
+      log.info("also skipped: %s", reason)
+  return ReadResult(records, skipped, errors, rows)

@@ -80,6 +80,7 @@ class _BuiltinTask:
 
   def __init__(self, knob: int, seed: int, num_train: int, num_eval: int, num_warmstart_val: int):
     self.skipped_rows = 0
+    self.counts: dict[str, int] = {}  # no data file: nothing to count
     self._solutions: dict[str, str] = {}
     taken: set[str] = set()
     splits = {}
@@ -213,7 +214,10 @@ class CountdownTask(_BuiltinTask):
 class FileTask:
   """Prompts from a JSONL/Parquet file (data.path). `num_eval` rows are held out by a hash of their id (so the
   split does not depend on the seed or on the file's row order); training rows whose prompt text equals a held-out
-  prompt are dropped (`overlap_dropped`). No reference completions: no warm start. Verifier: math-verify."""
+  prompt are dropped (`overlap_dropped`). No reference completions: no warm start. Verifier: math-verify.
+
+  `counts` ({"rows_read", "skipped_bad_rows", "overlap_dropped"}, unprefixed like PromptStream.counts) is what the
+  run logs as data/... metrics; read_records has already logged a warning when rows were skipped."""
 
   name = "file"
 
@@ -233,6 +237,7 @@ class FileTask:
     train = [r for i, r in enumerate(records) if i not in held]
     self._train = [r for r in train if r.text not in eval_texts]
     self.overlap_dropped = len(train) - len(self._train)
+    self.counts = {**result.counts(), "overlap_dropped": self.overlap_dropped}
     if not self._train:
       raise DataError(f"{cfg.path}: every training row repeats a held-out prompt")
 

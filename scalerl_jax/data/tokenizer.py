@@ -72,7 +72,8 @@ _PAD_NAMES = ("<pad>", "<|pad|>", "[PAD]", "<|finetune_right_pad_id|>")
 
 class HFTokenizer:
   """A Hugging Face tokenizer.json. Special ids come from the named tokens, or from the first of the usual names
-  found in the vocabulary (EOS required; BOS may be absent, as in Qwen; PAD falls back to EOS)."""
+  found in the vocabulary (EOS required: `data.eos_token` names it when the file uses another name; BOS may be
+  absent, as in Qwen; PAD falls back to EOS). A file `tokenizers` cannot load is a DataError naming it."""
 
   def __init__(self, path: str | pathlib.Path, chat_template: str = "", *, pad_token: Optional[str] = None,
                bos_token: Optional[str] = None, eos_token: Optional[str] = None):
@@ -83,22 +84,28 @@ class HFTokenizer:
       path = path / "tokenizer.json"
     if not path.is_file():
       raise DataError(f"data.tokenizer: no tokenizer.json at {path}")
-    self._tok = Tokenizer.from_file(str(path))
+    try:
+      self._tok = Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception for bad JSON, unknown models, bad encodings
+      reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+      raise DataError(f"data.tokenizer: {path} is not a readable tokenizer.json ({reason})") from None
     self.path = str(path)
     self.chat_template = chat_template
     self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
     self.eos_id = self._special(eos_token, _EOS_NAMES, "EOS")
     if self.eos_id is None:
-      raise DataError(f"{path}: no EOS token among {_EOS_NAMES}; pass eos_token explicitly")
+      raise DataError(f"{path}: no EOS token among {', '.join(_EOS_NAMES)}; name this tokenizer's end-of-sequence "
+                      "token with data.eos_token=<token>")
     self.bos_id = self._special(bos_token, _BOS_NAMES, "BOS")
     pad = self._special(pad_token, _PAD_NAMES, "PAD")
     self.pad_id = self.eos_id if pad is None else pad
 
   def _special(self, name: Optional[str], candidates: Sequence[str], what: str) -> Optional[int]:
-    if name is not None:
+    if name:
       tid = self._tok.token_to_id(name)
       if tid is None:
-        raise DataError(f"{self.path}: {what} token {name!r} is not in the vocabulary")
+        key = "; data.eos_token must name a token of this tokenizer" if what == "EOS" else ""
+        raise DataError(f"{self.path}: {what} token {name!r} is not in the vocabulary{key}")
       return tid
     for cand in candidates:
       tid = self._tok.token_to_id(cand)
@@ -113,7 +120,10 @@ class HFTokenizer:
     return tid
 
   def encode(self, text: str) -> list[int]:
-    return list(self._tok.encode(text, add_special_tokens=False).ids)
+    try:
+      return list(self._tok.encode(text, add_special_tokens=False).ids)
+    except Exception as exc:  # tokenizers: TypeError for str it cannot pass to Rust (lone surrogates), bare Exception
+      raise DataError(f"{self.path} cannot tokenize {text[:40]!r} ({type(exc).__name__}: {exc})") from None
 
   def decode(self, ids: Sequence[int]) -> str:
     return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
@@ -124,7 +134,11 @@ class HFTokenizer:
 
 
 def make_tokenizer(cfg) -> CharTokenizer | HFTokenizer:
-  """From a DataConfig: `data.tokenizer` = "char" or a path to tokenizer.json (or its folder)."""
+  """From a DataConfig: `data.tokenizer` = "char" or a path to tokenizer.json (or its folder); `data.eos_token`
+  (empty: the usual names) names a tokenizer.json's end-of-sequence token."""
   if cfg.tokenizer == "char":
+    if cfg.eos_token not in ("", EOS_CHAR):
+      raise DataError(f"data.eos_token={cfg.eos_token!r} needs data.tokenizer set to a tokenizer.json: the built-in "
+                      f"character vocabulary's EOS is {EOS_CHAR!r}")
     return CharTokenizer(cfg.chat_template)
-  return HFTokenizer(cfg.tokenizer, cfg.chat_template)
+  return HFTokenizer(cfg.tokenizer, cfg.chat_template, eos_token=cfg.eos_token or None)

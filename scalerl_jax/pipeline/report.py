@@ -9,10 +9,19 @@ from scalerl_jax.config import RunConfig
 
 
 def _rows(run_dir: pathlib.Path) -> list[dict]:
+  """The metrics lines that parse (a report never fails a finished run over a line a kill cut off)."""
   path = run_dir / "metrics.jsonl"
   if not path.exists():
     return []
-  return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+  rows = []
+  for line in path.read_text(errors="replace").splitlines():
+    try:
+      row = json.loads(line) if line.strip() else None
+    except (ValueError, RecursionError):  # json.JSONDecodeError is a ValueError
+      continue
+    if isinstance(row, dict):
+      rows.append(row)
+  return rows
 
 
 def final_report(cfg: RunConfig, summary: dict) -> str:
@@ -33,8 +42,12 @@ def final_report(cfg: RunConfig, summary: dict) -> str:
                  f"{first.get('eval/greedy_pass_at_1', float('nan')):.3f} -> {last.get('eval/greedy_pass_at_1', float('nan')):.3f}")
   if rows:
     last = rows[-1]
+    if last.get("data/skipped_bad_rows"):
+      lines.append(f"data: {last['data/skipped_bad_rows']} of {last.get('data/rows_read', '?')} rows of "
+                   f"{cfg.data.path} skipped as bad (data.skip_bad_rows=true; the log names the first)")
+    logs = f"{run_dir}/metrics.jsonl" + (f" and {run_dir}/tensorboard" if cfg.logging.tensorboard else "")
     lines.append(f"compute: {last.get('compute/accelerator_seconds', 0):.1f} accelerator-seconds, "
-                 f"{last.get('compute/flops', 0):.3g} FLOPs; logs in {run_dir}/metrics.jsonl and {run_dir}/tensorboard")
+                 f"{last.get('compute/flops', 0):.3g} FLOPs; logs in {logs}")
   if len(evals) >= 6:
     try:
       from scalerl_jax.scaling import fit_run, format_report

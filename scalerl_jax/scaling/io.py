@@ -2,7 +2,10 @@
 
 metrics.jsonl (written by the trainer): one JSON object per line with "step", cumulative "compute/accelerator_seconds"
 and "compute/flops"; evaluation lines also carry "eval/pass_rate", "eval/n_correct", "eval/n_total",
-"eval/per_prompt_correct" (list) and "eval/samples_per_prompt". Only lines with "eval/pass_rate" are points.
+"eval/per_prompt_correct" (list) and "eval/samples_per_prompt". Only lines with "eval/pass_rate" are points. Every
+value read must be a JSON number (a non-numeric one is a CurveDataError naming the file, line and key). A last line
+without its newline that does not parse is what a kill leaves mid-write: it is skipped with a warning, as the trainer
+does on resume; any other broken line is an error naming its line.
 
 CSV: a header with `compute,reward` and optionally `n_correct,n_total`.
 
@@ -14,9 +17,11 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
+import math
 import pathlib
 import struct
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import numpy as np
 
@@ -31,6 +36,7 @@ X_AXES = {
 }
 DEFAULT_X = CurveFitConfig.x  # one default everywhere: accelerator-seconds, the unit metrics.jsonl logs
 EVAL_KEY = "eval/pass_rate"
+log = logging.getLogger(__name__)
 
 
 def load_points(path, x: str = DEFAULT_X) -> CurvePoints:
@@ -40,18 +46,18 @@ def load_points(path, x: str = DEFAULT_X) -> CurvePoints:
   p = pathlib.Path(path)
   if p.is_dir():
     if (p / "metrics.jsonl").is_file():
-      return _from_records(_read_jsonl(p / "metrics.jsonl"), x, str(p))
+      return _from_records(*_read_jsonl(p / "metrics.jsonl"), x, str(p))
     events = sorted(p.rglob("events.out.tfevents.*"))
     if events:
-      return _from_records(_read_events(events), x, str(p))
+      return _from_records(*_events_with_places(events), x, str(p))
     raise CurveDataError(f"{p}: no metrics.jsonl or tensorboard events file in this run directory")
   if not p.is_file():
     raise CurveDataError(f"{p}: no such file or directory")
   if p.suffix.lower() == ".csv":
     return _read_csv(p)
   if "tfevents" in p.name:
-    return _from_records(_read_events([p]), x, str(p))
-  return _from_records(_read_jsonl(p), x, str(p))
+    return _from_records(*_events_with_places([p]), x, str(p))
+  return _from_records(*_read_jsonl(p), x, str(p))
 
 
 def _read_text(path: pathlib.Path) -> str:
@@ -61,42 +67,67 @@ def _read_text(path: pathlib.Path) -> str:
     raise CurveDataError(f"{path}: cannot read ({e})") from e
 
 
-def _read_jsonl(path: pathlib.Path) -> List[dict]:
-  records = []
-  for i, line in enumerate(_read_text(path).splitlines(), start=1):
+def _read_jsonl(path: pathlib.Path) -> tuple[List[dict], List[str]]:
+  """The records of a metrics .jsonl and where each came from ("path:LINE")."""
+  text = _read_text(path)
+  lines = text.splitlines()
+  # the trainer writes each line with its newline in one write: only an unterminated last line can be a kill's cut
+  cut = len(lines) if lines and not text.endswith("\n") else 0
+  records, places = [], []
+  for i, line in enumerate(lines, start=1):
     if not line.strip():
       continue
     try:
       rec = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise CurveDataError(f"{path}:{i}: not a JSON line ({e.msg})") from e
+    except (json.JSONDecodeError, RecursionError, ValueError) as e:  # ValueError: an int past the digit limit
+      why = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else type(e).__name__
+      if i == cut:  # the line a kill cut off mid-write: the trainer drops it on resume too
+        log.warning("%s:%d: skipping the last line, cut off before its end (%s)", path, i, why)
+        continue
+      raise CurveDataError(f"{path}:{i}: not a JSON line ({why})") from None
     if not isinstance(rec, dict):
       raise CurveDataError(f"{path}:{i}: expected a JSON object")
     records.append(rec)
-  return records
+    places.append(f"{path}:{i}")
+  return records, places
 
 
-def _from_records(records: List[dict], x: str, name: str) -> CurvePoints:
+def _number(value: Any, key: str, place: str, integer: bool = False) -> float:
+  """A metrics value as a float (JSON null: NaN, which CurvePoints rejects naming the point); anything else that
+  is not a JSON number (an integer where counts are meant) is an error naming the line and key."""
+  if value is None and not integer:
+    return float("nan")
+  try:
+    number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+  except OverflowError:  # an integer literal beyond float range
+    raise CurveDataError(f"{place}: {key} is too large for a float ({len(str(value))} digits)") from None
+  if number is None or (integer and not (math.isfinite(number) and number.is_integer())):
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    raise CurveDataError(f"{place}: {key} is not {'an integer' if integer else 'a number'}: {shown}")
+  return number
+
+
+def _from_records(records: List[dict], places: List[str], x: str, name: str) -> CurvePoints:
   key, factor = X_AXES[x]
-  evals = [r for r in records if EVAL_KEY in r]
+  evals = [(r, w) for r, w in zip(records, places) if EVAL_KEY in r]
   if not evals:
     raise CurveDataError(f"{name}: no evaluation lines (with {EVAL_KEY!r})")
-  missing = [r.get("step", "?") for r in evals if key not in r]
+  missing = [r.get("step", "?") for r, _ in evals if key not in r]
   if missing:
     raise CurveDataError(f"{name}: evaluation step(s) {missing[:5]} lack {key!r}")
-  num = lambda r, k: float("nan") if r[k] is None else float(r[k])  # noqa: E731  (JSON null -> NaN, rejected)
-  try:
-    compute = np.array([num(r, key) for r in evals]) * factor
-    reward = np.array([num(r, EVAL_KEY) for r in evals])
-  except (TypeError, ValueError) as e:
-    raise CurveDataError(f"{name}: non-numeric compute or pass rate ({e})") from e
+  compute = np.array([_number(r[key], key, w) for r, w in evals]) * factor
+  reward = np.array([_number(r[EVAL_KEY], EVAL_KEY, w) for r, w in evals])
   counts = {}
-  if all("eval/n_correct" in r and "eval/n_total" in r for r in evals):
-    counts = dict(n_correct=[r["eval/n_correct"] for r in evals], n_total=[r["eval/n_total"] for r in evals])
-  per_prompt = [r.get("eval/per_prompt_correct") for r in evals]
+  if all("eval/n_correct" in r and "eval/n_total" in r for r, _ in evals):
+    counts = {k: [_number(r[f"eval/{k}"], f"eval/{k}", w, integer=True) for r, w in evals]
+              for k in ("n_correct", "n_total")}
+  per_prompt = [r.get("eval/per_prompt_correct") for r, _ in evals]
   if (all(isinstance(v, list) and v for v in per_prompt) and len({len(v) for v in per_prompt}) == 1
-      and "eval/samples_per_prompt" in evals[0]):
-    counts.update(per_prompt=np.array(per_prompt), samples_per_prompt=int(evals[0]["eval/samples_per_prompt"]))
+      and "eval/samples_per_prompt" in evals[0][0]):
+    per_prompt = [[_number(c, f"eval/per_prompt_correct[{j}]", w, integer=True) for j, c in enumerate(v)]
+                  for v, (_, w) in zip(per_prompt, evals)]
+    spp = _number(evals[0][0]["eval/samples_per_prompt"], "eval/samples_per_prompt", evals[0][1], integer=True)
+    counts.update(per_prompt=np.array(per_prompt, dtype=np.int64), samples_per_prompt=int(spp))
   return CurvePoints(compute, reward, name=name, x_axis=x, **counts)
 
 
@@ -111,9 +142,12 @@ def _read_csv(path: pathlib.Path) -> CurvePoints:
   for i, row in enumerate(rows, start=2):
     for c in cols:
       try:
-        values[c].append(float(row[c]))
+        value = float(row[c])
       except (TypeError, ValueError) as e:
         raise CurveDataError(f"{path}:{i}: column {c} is not a number: {row[c]!r}") from e
+      if c.startswith("n_") and not (math.isfinite(value) and value.is_integer()):
+        raise CurveDataError(f"{path}:{i}: column {c} is not an integer count: {row[c]!r}")
+      values[c].append(value)
   return CurvePoints(name=str(path), **values)
 
 
@@ -130,6 +164,11 @@ def _tfrecords(path: pathlib.Path):
       raise CurveDataError(f"{path}: truncated tensorboard record at byte {pos}")
     yield data[pos + 12:pos + 12 + n]
     pos += 12 + n + 4
+
+
+def _events_with_places(paths) -> tuple[List[dict], List[str]]:
+  records = _read_events(paths)
+  return records, [f"{paths[0] if len(paths) == 1 else paths[0].parent}: step {r['step']}" for r in records]
 
 
 def _read_events(paths) -> List[dict]:

@@ -26,6 +26,14 @@ class CurveDataError(UserError, ValueError):
   """Input points cannot be fitted; the message says which input and why."""
 
 
+def _floats(values, where: str, label: str, flat: bool = True) -> np.ndarray:
+  try:
+    out = np.asarray(values, dtype=float)
+  except (TypeError, ValueError, OverflowError) as e:
+    raise CurveDataError(f"{where}{label} holds a value that is not a number ({e})") from None
+  return out.reshape(-1) if flat else out
+
+
 @dataclasses.dataclass(frozen=True)
 class CurvePoints:
   """Evaluation points of one run, compute strictly increasing. Validated on construction."""
@@ -40,8 +48,7 @@ class CurvePoints:
 
   def __post_init__(self):
     where = f"{self.name}: " if self.name else ""
-    compute = np.asarray(self.compute, dtype=float).reshape(-1)
-    reward = np.asarray(self.reward, dtype=float).reshape(-1)
+    compute, reward = _floats(self.compute, where, "compute"), _floats(self.reward, where, "reward")
     if compute.shape != reward.shape:
       raise CurveDataError(f"{where}{compute.size} compute values but {reward.size} rewards")
     for label, v in (("compute", compute), ("reward", reward)):
@@ -65,18 +72,22 @@ class CurvePoints:
     if (self.n_correct is None) != (self.n_total is None):
       raise CurveDataError(f"{where}n_correct and n_total must be given together")
     if self.n_correct is not None:
-      k = np.asarray(self.n_correct, dtype=float).reshape(-1)
-      m = np.asarray(self.n_total, dtype=float).reshape(-1)
+      k, m = _floats(self.n_correct, where, "n_correct"), _floats(self.n_total, where, "n_total")
       if k.shape != (n,) or m.shape != (n,):
         raise CurveDataError(f"{where}n_correct / n_total must have one value per point")
       if not (np.all(np.isfinite(k)) and np.all(np.isfinite(m))):
         raise CurveDataError(f"{where}n_correct or n_total is NaN")
       if np.any(m <= 0) or np.any(k < 0) or np.any(k > m):
         raise CurveDataError(f"{where}need 0 <= n_correct <= n_total and n_total > 0")
+      if np.any(k != np.round(k)) or np.any(m != np.round(m)):
+        raise CurveDataError(f"{where}n_correct and n_total must be whole counts")
       object.__setattr__(self, "n_correct", k.astype(np.int64))
       object.__setattr__(self, "n_total", m.astype(np.int64))
     if self.per_prompt is not None:
-      pp = np.asarray(self.per_prompt, dtype=np.int64)
+      pp = _floats(self.per_prompt, where, "per_prompt", flat=False)
+      if not np.all(np.isfinite(pp)) or np.any(pp != np.round(pp)):
+        raise CurveDataError(f"{where}per_prompt must hold whole counts")
+      pp = pp.astype(np.int64)
       if pp.ndim != 2 or pp.shape[0] != n or not self.samples_per_prompt:
         raise CurveDataError(f"{where}per_prompt must be [points, prompts] with samples_per_prompt set")
       if np.any(pp < 0) or np.any(pp > self.samples_per_prompt):

@@ -1,0 +1,238 @@
+"""launch/train.py and launch/fit_curve.py: every user error is one line `<prog>: error: ...` (exit 2), never a
+traceback; overrides on both sides of a flag; a run directory that is a file, or holds a run that
+checkpoint.resume=false would overwrite; the final report names only the logs it wrote. The subprocess cases fail
+before anything compiles."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from scalerl_jax.config import load_config
+from scalerl_jax.scaling import synthetic
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TRAIN, FIT = ROOT / "launch" / "train.py", ROOT / "launch" / "fit_curve.py"
+CHEAP = ["data.num_train=64", "data.num_eval=8", "warm_start.enabled=false"]  # errors before any compilation
+
+
+def _load(path, name):
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+train = _load(TRAIN, "train_cli")
+
+
+def _run(script, *args, cwd):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["PYTHONPATH"] = str(ROOT)
+  return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                        env=env, timeout=300)
+
+
+def _one_line_error(proc, prog: str) -> str:
+  assert proc.returncode == 2, (proc.returncode, proc.stderr)
+  assert "Traceback" not in proc.stderr, proc.stderr
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), proc.stderr
+  return lines[0]
+
+
+def _yaml(tmp_path, name, data: bytes):
+  path = tmp_path / name
+  path.write_bytes(data)
+  return path
+
+
+@pytest.mark.parametrize("name, data, message", [
+    ("syntax.yaml", b"loss:\n  name: [cispo\n", "syntax.yaml, line 3, column 1: not valid YAML"),
+    ("tab.yaml", b"loss:\n\tname: dapo\n", "tab.yaml, line 2, column 1: not valid YAML"),
+    ("dup.yaml", b"loss:\n  name: dapo\n  name: ppo\n", "dup.yaml, line 3, column 3: not valid YAML: found duplicate"),
+    ("latin1.yaml", 'run_dir: "caf\xe9"\n'.encode("latin-1"), "latin1.yaml: not UTF-8 text"),
+    ("tag.yaml", b"data:\n  path: !!python/object/apply:os.system ['touch PWNED']\n", "tag.yaml, line 2, column 9: "
+     "not valid YAML: could not determine a constructor for the tag 'tag:yaml.org,2002:python/object/apply"),
+])
+def test_train_config_file_errors(tmp_path, name, data, message):
+  proc = _run(TRAIN, "--config", _yaml(tmp_path, name, data), f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+  assert message in _one_line_error(proc, "train.py")
+  assert not (tmp_path / "PWNED").exists()  # the tag is refused, never run
+
+
+def test_train_errors_raised_while_building_the_job(tmp_path):
+  run_dir = tmp_path / "run"
+  proc = _run(TRAIN, f"run_dir={run_dir}", "data.reward_fn=no_such_module.reward", *CHEAP, cwd=tmp_path)
+  assert "data.reward_fn: cannot import module 'no_such_module'" in _one_line_error(proc, "train.py")
+  (tmp_path / "tok").mkdir()
+  (tmp_path / "tok" / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "WordLe')
+  proc = _run(TRAIN, f"run_dir={run_dir}", f"data.tokenizer={tmp_path / 'tok'}", *CHEAP, cwd=tmp_path)
+  line = _one_line_error(proc, "train.py")
+  assert f"data.tokenizer: {tmp_path / 'tok' / 'tokenizer.json'} is not a readable tokenizer.json" in line
+
+
+def test_train_run_dir_that_is_a_file(tmp_path):
+  a_file = tmp_path / "taken"
+  a_file.write_text("not a directory")
+  proc = _run(TRAIN, f"run_dir={a_file}", "--sync", *CHEAP, cwd=tmp_path)  # overrides after a flag, too
+  assert _one_line_error(proc, "train.py") == f"train.py: error: run_dir {a_file}: is a file"
+  proc = _run(TRAIN, f"run_dir={a_file / 'sub'}", *CHEAP, cwd=tmp_path)
+  assert _one_line_error(proc, "train.py") == f"train.py: error: run_dir {a_file / 'sub'}: cannot create it (Not a " \
+                                             "directory)"
+
+
+def test_fit_curve_errors(tmp_path):
+  run = synthetic.synthetic_run(synthetic.table1("ScaleRL", r0=0.3), 16000.0, n_evals=12, seed=1)
+  run_dir = synthetic.write_run_dir(run, tmp_path / "run").parent
+  lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+  rec = json.loads(lines[4])
+  assert "eval/n_correct" in rec
+  rec["eval/n_correct"] = "many"
+  (run_dir / "metrics.jsonl").write_text("\n".join(lines[:4] + [json.dumps(rec)] + lines[5:]) + "\n")
+  proc = _run(FIT, run_dir, cwd=tmp_path)
+  assert _one_line_error(proc, "fit_curve.py") == \
+      f"fit_curve.py: error: {run_dir / 'metrics.jsonl'}:5: eval/n_correct is not an integer: 'many'"
+  (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+  blocker = tmp_path / "plots"
+  blocker.write_text("a file where a folder should be")
+  proc = _run(FIT, run_dir, "--plot", blocker / "fit.png", cwd=tmp_path)
+  assert _one_line_error(proc, "fit_curve.py").startswith(f"fit_curve.py: error: cannot write --plot "
+                                                          f"{blocker / 'fit.png'}: ")
+
+
+# ---- in process: argument parsing, the run directory, errors from the run ---------------------------------------
+
+def test_overrides_before_between_and_after_flags():
+  _, args = train.parse_args(["a=1", "--sync", "b=2", "--mesh", "data=1", "c=3"])
+  assert args.overrides == ["a=1", "b=2", "c=3"] and args.sync and args.mesh == "data=1"
+  assert "--overwrite" in train.make_parser().format_help()
+
+
+class FakeJob:
+  """Stands in for RLJob: records that it was built, raises what the test gives it from run()."""
+  built = []
+  raises = None
+
+  interrupted = False
+  exit_code = 0
+
+  def __init__(self, cfg):
+    FakeJob.built.append(cfg)
+
+  def run(self):
+    if FakeJob.raises is not None:
+      raise FakeJob.raises
+    return {"steps": 0}
+
+  run_sync = run
+
+
+@pytest.fixture
+def fake_job(monkeypatch):
+  from scalerl_jax.pipeline import job
+  monkeypatch.setattr(job, "RLJob", FakeJob)
+  FakeJob.built, FakeJob.raises = [], None
+  return FakeJob
+
+
+def _main_error(capsys, argv) -> str:
+  with pytest.raises(SystemExit) as info:
+    train.main(argv)
+  assert info.value.code == 2
+  return capsys.readouterr().err
+
+
+def test_a_user_error_from_the_generator_thread_prints_its_cause(fake_job, tmp_path, capsys):
+  from scalerl_jax.data.sources import DataError
+  from scalerl_jax.pipeline.orchestrator import PipelineError
+  try:
+    try:
+      raise DataError("data.reward_fn: every call of tests.bad.reward raised ZeroDivisionError")
+    except DataError as cause:
+      raise PipelineError("generator thread failed:\nTraceback (most recent call last):\n  ...") from cause
+  except PipelineError as exc:
+    fake_job.raises = exc
+  err = _main_error(capsys, [f"run_dir={tmp_path / 'r'}"])
+  assert err == "train.py: error: data.reward_fn: every call of tests.bad.reward raised ZeroDivisionError\n"
+  fake_job.raises = PipelineError("generator thread failed: a bug")  # no user error in the chain: a traceback
+  with pytest.raises(PipelineError):
+    train.main([f"run_dir={tmp_path / 'r'}"])
+
+
+def _earlier_run(run_dir):
+  (run_dir / "checkpoints" / "40").mkdir(parents=True)
+  (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+  (run_dir / "consumed_prompts.jsonl").write_text('{"step": 0}\n')
+  (run_dir / "keep.txt").write_text("not the trainer's")
+
+
+def test_resume_false_into_an_earlier_run_is_refused_without_overwrite(fake_job, tmp_path, capsys, caplog):
+  run_dir = tmp_path / "run"
+  _earlier_run(run_dir)
+  err = _main_error(capsys, [f"run_dir={run_dir}", "checkpoint.resume=false"])
+  assert err == (f"train.py: error: run_dir {run_dir} holds an earlier run (metrics.jsonl, consumed_prompts.jsonl, "
+                 "checkpoints/) that checkpoint.resume=false would overwrite: pass --overwrite to delete it, choose "
+                 "another run_dir, or drop checkpoint.resume=false to continue it\n")
+  assert not fake_job.built and (run_dir / "metrics.jsonl").exists() and (run_dir / "checkpoints" / "40").exists()
+  with caplog.at_level("WARNING"):
+    assert train.main([f"run_dir={run_dir}", "checkpoint.resume=false", "--overwrite"]) == 0
+  assert len(fake_job.built) == 1
+  assert sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".run.lock")) == ["keep.txt"]
+  assert any("--overwrite: deleting the earlier run's metrics.jsonl, consumed_prompts.jsonl, checkpoints/" in
+             r.getMessage() for r in caplog.records)
+
+
+def test_overwrite_never_deletes_a_live_run(tmp_path):
+  from scalerl_jax.train.run_lock import RunLock
+  run_dir = tmp_path / "run"
+  _earlier_run(run_dir)
+  cfg = load_config(None, [f"run_dir={run_dir}", "checkpoint.resume=false"])
+  holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from scalerl_jax.train.run_lock import RunLock; "
+                             f"lock = RunLock({str(run_dir)!r}).acquire(); print('held', flush=True); time.sleep(120)"],
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    problem = train.prepare_run_dir(cfg, overwrite=True)
+    assert problem.startswith(f"run_dir {run_dir.absolute()} is in use by another run (pid {holder.pid}")
+    assert (run_dir / "metrics.jsonl").exists() and (run_dir / "checkpoints" / "40").exists()
+  finally:
+    holder.kill()
+    holder.wait()
+  assert train.prepare_run_dir(cfg, overwrite=True) is None and not (run_dir / "metrics.jsonl").exists()
+  assert RunLock(run_dir).acquire().held  # released again for the job to take
+
+
+def test_run_dir_checks_leave_resumes_and_fresh_dirs_alone(tmp_path, caplog):
+  run_dir = tmp_path / "run"
+  cfg = load_config(None, [f"run_dir={run_dir}"])
+  assert train.prepare_run_dir(cfg, overwrite=False) is None and run_dir.is_dir()  # created
+  _earlier_run(run_dir)
+  assert train.prepare_run_dir(cfg, overwrite=False) is None  # resume=true: the job resumes it
+  assert (run_dir / "metrics.jsonl").exists()
+  (run_dir / "checkpoints" / "40").rmdir()
+  with caplog.at_level("WARNING"):
+    assert train.prepare_run_dir(cfg, overwrite=False) is None
+  assert any("holds metrics.jsonl but no checkpoint" in r.getMessage() for r in caplog.records)
+
+
+def test_final_report_names_tensorboard_only_when_it_is_on(tmp_path):
+  from scalerl_jax.pipeline.report import final_report
+  (tmp_path / "metrics.jsonl").write_text('{"step": 1, "compute/accelerator_seconds": 2.0}\n{"step": 2, "comp')
+  for on in (True, False):
+    cfg = load_config(None, [f"run_dir={tmp_path}", f"logging.tensorboard={str(on).lower()}"])
+    report = final_report(cfg, {"steps": 2})  # the cut last line is skipped, not a crash
+    assert f"logs in {tmp_path}/metrics.jsonl" in report
+    assert (f"{tmp_path}/tensorboard" in report) == on
+
+
+def test_final_report_names_skipped_bad_rows(tmp_path):
+  from scalerl_jax.pipeline.report import final_report
+  (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "data/rows_read": 80, "data/skipped_bad_rows": 68})
+                                          + "\n")
+  cfg = load_config(None, [f"run_dir={tmp_path}", "data.task=file", "data.path=rows.jsonl"])
+  assert "data: 68 of 80 rows of rows.jsonl skipped as bad (data.skip_bad_rows=true" in final_report(cfg, {})
