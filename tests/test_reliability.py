@@ -162,3 +162,20 @@ def test_data_metrics_carry_one_prefix(tmp_path):
   job.run_sync()
   keys = set(_metrics(job)[-1])
   assert "data/epoch" in keys and not any(k.startswith("data/data/") for k in keys)
+
+
+def test_a_restart_is_not_compute(tmp_path):
+  """What a (re)start does once happens before the compute clock starts (the reward workers are up) or is
+  subtracted from it (XLA compilation inside the loop: a resumed run recompiles the rollout engine)."""
+  first = RLJob(tiny_config(tmp_path, "pipeline.mode=sync", "pipeline.steps=2", "checkpoint.every_steps=2"),
+                progress=False)
+  first.run_sync()
+  resumed = RLJob(tiny_config(tmp_path, "pipeline.mode=sync", "pipeline.steps=4", "checkpoint.every_steps=2"),
+                  progress=False)
+  seen = []
+  start = resumed.meter.start
+  resumed.meter.start = lambda: (seen.append(resumed.rewards._pool.started), start())
+  resumed.run_sync()
+  assert resumed.start_step == 2 and seen == [True]
+  lines = _metrics(resumed)
+  assert lines[-1]["compute/compile_seconds_excluded"] > lines[2]["compute/compile_seconds_excluded"]

@@ -1,7 +1,6 @@
 """Sharded train step: same parameters on data=8, fsdp=4 x tensor=2 and one device; micro-batched == full batch;
 the shared-prompt RL loss == the full-row loss."""
 
-import functools
 
 import jax
 import jax.numpy as jnp

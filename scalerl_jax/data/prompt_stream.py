@@ -82,7 +82,9 @@ class PromptStream:
   """Batches of training prompts with exact resume; see the module docstring."""
 
   def __init__(self, records: Sequence[Record], cfg, tokenizer, max_prefill_len: int, *, process_index: int = 0,
-               process_count: int = 1, npr: Optional[NPRState] = None, batch_size: Optional[int] = None):
+               process_count: int = 1, npr: Optional[NPRState] = None, batch_size: Optional[int] = None,
+               counts: Optional[dict] = None):
+    """`counts`: what reading the records counted (rows read, bad rows skipped, ...), reported in `metrics()`."""
     if not 0 <= process_index < process_count:
       raise ValueError(f"process_index {process_index} not in [0, process_count={process_count})")
     if batch_size is None:
@@ -97,7 +99,8 @@ class PromptStream:
     self.seed = cfg.seed
     self.process_index, self.process_count = process_index, process_count
     self.npr = npr
-    self._prompts, self.counts = encode_records(records, tokenizer, max_prefill_len, cfg.long_prompts)
+    self._prompts, encoded = encode_records(records, tokenizer, max_prefill_len, cfg.long_prompts)
+    self.counts = {**(counts or {}), **encoded}
     if not self._prompts:
       raise DataError(f"all {len(records)} training prompts were skipped as longer than "
                       f"rollout.max_prefill_len={max_prefill_len}")

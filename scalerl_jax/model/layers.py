@@ -125,7 +125,7 @@ class Attention(nnx.Module):
 
   def __call__(self, x_BTD, positions_BT, sin_cos, cache: Optional[LayerCache],
                prefix: Optional[SharedPrefix] = None):
-    cfg, dt = self.cfg, dtype_of(self.cfg.dtype)
+    dt = dtype_of(self.cfg.dtype)
     q_BTQH = dense(x_BTD, self.q[...].astype(dt))
     k_BTKH = dense(x_BTD, self.k[...].astype(dt))
     v_BTKH = dense(x_BTD, self.v[...].astype(dt))

@@ -24,6 +24,7 @@ set on setup and advanced by `consume`. Step s trains on batch s and turns versi
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import threading
 import time
@@ -55,6 +56,7 @@ from scalerl_jax.rollout.driver import RolloutDriver
 from scalerl_jax.rollout.engine import Engine
 from scalerl_jax.train.checkpoint import ResumeError, RunCheckpointer, config_fingerprint
 from scalerl_jax.train.rl_loss import PromptLayout, make_rl_loss
+from scalerl_jax.train.run_lock import RunLock
 from scalerl_jax.train.state import TrainState, init_train_state, make_optimizer, restore_target, state_shardings
 from scalerl_jax.train.step import NonFiniteError, make_train_step
 from scalerl_jax.train.warmstart import warm_start
@@ -69,7 +71,10 @@ class RLJob:
     self.cfg, d, r = cfg, cfg.data, cfg.rollout
     self.progress = cfg.logging.progress if progress is None else progress
     self.run_dir = pathlib.Path(cfg.run_dir)
-    self.run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+      self.run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+      raise ConfigError(f"run_dir: cannot create {self.run_dir} ({exc.strerror or exc})") from None
     trainer_devices, gen_devices = split_devices(cfg.mesh.generator_devices)
     self.trainer_layout = Layout(make_mesh(cfg.mesh.spec, trainer_devices), TRAIN_RULES)
     self.generator_layout = Layout(make_mesh(cfg.mesh.generator_spec, gen_devices, ROLLOUT_AXES), ROLLOUT_RULES)
@@ -83,6 +88,7 @@ class RLJob:
     self.task = make_task(d)
     npr = NPRState(d.npr)
     self.cursor = DataCursor(PromptStream(self.task.train_records(), d, self.tokenizer, s.L, npr=npr,
+                                          counts=self.task.counts,
                                           process_index=jax.process_index(), process_count=jax.process_count()), npr,
                              max_lag=AdmissionPolicy.from_config(cfg.pipeline.mode, cfg.pipeline.max_lag).k)
     self.rewards = make_reward_runner(d, self.task.reward)
@@ -126,6 +132,7 @@ class RLJob:
     self._skipped_in_a_row = 0  # steps whose update was not applied (non-finite loss or gradient)
     self._generator: Optional[GeneratorThread] = None
     self._gen_stats = GeneratorStats()  # the generator thread's own, or the synchronous loop's
+    self._lock: Optional[RunLock] = None  # taken by setup()
     self.summary: dict[str, Any] = {}
 
   @property
@@ -144,16 +151,29 @@ class RLJob:
 
   # ---- set-up ------------------------------------------------------------------------------------------
   def setup(self) -> None:
-    """Resume from the run directory's latest checkpoint, or warm-start a fresh run; compile the step."""
-    latest = self.ckpt.latest_step() if self.cfg.checkpoint.resume else None
-    if latest is not None:
-      target = restore_target(self.policy, self.optimizer, self.state_sh)
-      self.state, meta = self.ckpt.restore(target, self.cfg, latest)
+    """Take the run directory (one live run per directory), then resume from its latest intact checkpoint or
+    warm-start a fresh run; compile the step."""
+    self._lock = RunLock(self.run_dir).acquire()
+    try:
+      self.ckpt.remove_orphans()  # temporary directories of a write a kill cut short (only we write here now)
+      self._setup()
+    except BaseException:
+      self._lock.release()
+      raise
+
+  def _setup(self) -> None:
+    found = None
+    if self.cfg.checkpoint.resume:  # a damaged latest checkpoint falls back to the previous one, with a warning
+      found = self.ckpt.restore_latest_intact(restore_target(self.policy, self.optimizer, self.state_sh), self.cfg)
+    latest = found[0] if found is not None else None
+    if found is not None:
+      _, self.state, meta = found
       data_states = meta.get("data_states") or [meta["data"]]  # "data": written before per-process states
       if len(data_states) != jax.process_count():
         raise ResumeError(f"checkpoint {latest} holds the data state of {len(data_states)} processes; this run has "
                           f"{jax.process_count()}: resume with as many processes as wrote it")
       self.cursor.restore(data_states[jax.process_index()], meta["npr"])
+      self.rewards.load_state(meta.get("rewards", self.rewards.state()))
       self.meter.load_state(meta["compute"])
       self.start_step = int(meta["step"])
       self.summary.update(meta.get("summary", {}))
@@ -247,7 +267,8 @@ class RLJob:
     t0, step = time.perf_counter(), self.version
     data_state, npr_state = self.cursor.state_before(step)
     meta = {"step": step, "version": step, "seed": self.cfg.seed, "data_states": distributed.gather_json(data_state),
-            "npr": npr_state, "compute": self.meter.state(), "last_eval_step": self._last_eval_step,
+            "npr": npr_state, "compute": self.meter.state(), "rewards": self.rewards.state(),
+            "last_eval_step": self._last_eval_step,
             "fingerprint": config_fingerprint(self.cfg),
             "summary": {k: v for k, v in self.summary.items() if isinstance(v, (int, float, str))}}
     faults.point("checkpoint_save")
@@ -258,6 +279,7 @@ class RLJob:
   # ---- loops -------------------------------------------------------------------------------------------
   def _begin(self) -> None:
     self.setup()
+    self.rewards.start()  # the reward workers' start-up is a restart cost, not compute
     if self.start_step == 0 and self.cfg.pipeline.eval_every:
       self.log.logger.write(0, {**self.evaluate(), **self.meter.metrics()})  # R0: the curve's starting point
     self.meter.start()
@@ -272,7 +294,7 @@ class RLJob:
 
   def run(self) -> dict:
     """PipelineRL-k / PPO-off-policy-k with the generator on its own thread."""
-    with self._interrupt.installed(), self.rewards:  # the reward workers stop with the run, however it ends
+    with self._running():
       self._begin()
       stop = threading.Event()
       self._generator = GeneratorThread(
@@ -292,7 +314,7 @@ class RLJob:
 
   def run_sync(self) -> dict:
     """The synchronous reference loop (no threads): generate batch s with params v = s, train, repeat."""
-    with self._interrupt.installed(), self.rewards:
+    with self._running():
       self._begin()
       try:
         with self.meter.count_compilation():
@@ -303,6 +325,16 @@ class RLJob:
       except (PromptsExhausted, UserError) as exc:
         self._stop_on(exc)
       return self._finish()
+
+  @contextlib.contextmanager
+  def _running(self):
+    """Signal handlers on; the reward workers and the run-directory lock are given back however the run ends."""
+    with self._interrupt.installed(), self.rewards:
+      try:
+        yield
+      finally:
+        if self._lock is not None:
+          self._lock.release()
 
   def _stop_on(self, error: UserError) -> None:
     """A user error ended the loop (not a bug): keep the work done, with a checkpoint, then say what happened."""

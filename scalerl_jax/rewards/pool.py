@@ -43,7 +43,6 @@ import math
 import multiprocessing
 import sys
 import threading
-import time
 import weakref
 from concurrent.futures.process import BrokenProcessPool
 from typing import Optional, Sequence
@@ -118,6 +117,13 @@ class VerifierPool:
         self._pool = None
         self._finalizer.detach()
     _stop(pool)
+
+  def start(self) -> None:
+    """Starts every worker now (each imports the verifier) instead of on the first call: a run does this before
+    its compute clock starts, so a restart's start-up is not booked as compute."""
+    pool = self._get()
+    for future in [pool.schedule(worker.ready, timeout=max(self.timeout_s, 60.0)) for _ in range(self.workers)]:
+      future.result()
 
   def close(self) -> None:
     with self._lock:

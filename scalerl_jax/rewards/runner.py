@@ -155,6 +155,11 @@ class RewardRunner:
     self._capped = False
 
   # --- lifetime -------------------------------------------------------------------------------------------------
+  def start(self) -> None:
+    """Starts the worker processes now rather than on the first call (no-op for inline verifiers)."""
+    if self._pool is not None:
+      self._pool.start()
+
   def close(self) -> None:
     """Stops the worker processes (idempotent). Call it once no other thread is scoring."""
     if self._pool is not None:
@@ -245,8 +250,19 @@ class RewardRunner:
       start = end
     return out
 
+  def state(self) -> dict:
+    """The totals, JSON-able (a checkpoint keeps them so the run's counters continue across a resume)."""
+    with self._totals:
+      return {"calls": self.calls, "errors": self.errors, "timeouts": self.timeouts,
+              "killed_workers": self.killed_workers, "first_error": self.first_error}
+
+  def load_state(self, state: dict) -> None:
+    with self._totals:
+      self.calls, self.errors, self.timeouts = int(state["calls"]), int(state["errors"]), int(state["timeouts"])
+      self.killed_workers, self.first_error = int(state["killed_workers"]), state.get("first_error")
+
   def metrics(self) -> dict[str, float]:
-    """Totals since construction; error texts are in `first_error` / `last_error` (metrics are numbers)."""
+    """Totals over the run (restored on resume); error texts are in `first_error` / `last_error`."""
     with self._totals:
       failed = self.errors + self.timeouts
       return {"reward/calls": self.calls, "reward/errors": self.errors, "reward/timeouts": self.timeouts,

@@ -148,3 +148,8 @@ def score_chunk(completions: Sequence[str], answers: Sequence[str]) -> tuple[lis
     return [(math.nan, _init_error)] * len(completions), 0.0
   out = [call(_fn, c, a, BaseException) for c, a in zip(completions, answers)]
   return out, time.perf_counter() - t0
+
+
+def ready() -> int:
+  """A no-op task: returns once this worker has started (imported the verifier); its pid."""
+  return os.getpid()

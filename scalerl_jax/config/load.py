@@ -1,0 +1,119 @@
+"""Loading a RunConfig: YAML files (with `base:` inheritance) and dotted command-line overrides, merged by OmegaConf
+against the dataclasses of schema.py, then validated."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import pathlib
+import typing
+from typing import Any, Literal, Optional, Sequence
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from scalerl_jax.config.schema import _MOVED, CHOICES, ConfigError, RunConfig
+from scalerl_jax.config.validate import validate
+
+
+def _clean(exc: OmegaConfBaseException, source: str) -> ConfigError:
+  key = getattr(exc, "full_key", None)
+  msg = str(exc).splitlines()[0]
+  if key in _MOVED:
+    msg += f" (moved to {_MOVED[key]})"
+  where = f" in {source}" if source else ""
+  return ConfigError(f"{key}: {msg}{where}" if key else f"{msg}{where}")
+
+
+def _file_chain(path: Optional[str | pathlib.Path]) -> list[pathlib.Path]:
+  """[root base, ..., path]: a file may name `base: other.yaml` (relative to itself) to inherit from."""
+  chain: list[pathlib.Path] = []
+  while path is not None:
+    path = pathlib.Path(path)
+    if not path.is_file():
+      raise ConfigError(f"config file not found: {path}")
+    if path.resolve() in [p.resolve() for p in chain]:
+      raise ConfigError(f"{path}: base chain loops")
+    chain.insert(0, path)
+    base = _load_yaml(path).get("base")
+    path = (path.parent / base) if base else None
+  return chain
+
+
+def _load_yaml(path: pathlib.Path):
+  """One YAML file through OmegaConf (yaml.safe_load rules: tags such as !!python/... are refused, never run);
+  syntax errors, tabs, duplicate keys and bad encodings become a ConfigError naming the file and line."""
+  try:
+    return OmegaConf.load(path)
+  except OmegaConfBaseException as exc:
+    raise _clean(exc, str(path)) from None
+  except yaml.YAMLError as exc:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    raise ConfigError(f"{where}: not valid YAML: {problem}") from None
+  except UnicodeDecodeError as exc:
+    raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+  except OSError as exc:
+    raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+@functools.cache
+def _str_keys(cls: type = None, prefix: str = "") -> frozenset:
+  cls = cls or RunConfig
+  out = set()
+  hints = typing.get_type_hints(cls)
+  for f in dataclasses.fields(cls):
+    t = hints[f.name]
+    if dataclasses.is_dataclass(t):
+      out |= _str_keys(t, prefix + f.name + ".")
+    elif t is str or typing.get_origin(t) is Literal:
+      out.add(prefix + f.name)
+  return frozenset(out)
+
+
+def _override(item: str) -> Any:
+  """One `key=value`; a string- or name-valued key takes its text as written (`data.reward_scale=01` is "01", not 1;
+  `data.prompt_field=no` is "no", not False); any other value is YAML, and YAML that does not parse is a ConfigError."""
+  key, _, value = (s.strip() for s in item.partition("="))
+  if key in CHOICES or key in _str_keys():
+    unquoted = value[1:-1] if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"" else value
+    return OmegaConf.create(functools.reduce(lambda v, k: {k: v}, reversed(key.split(".")), unquoted))
+  try:
+    return OmegaConf.from_dotlist([item])
+  except yaml.YAMLError as exc:
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    raise ConfigError(f"{key}: {value!r} is not a valid YAML value ({problem}) in override {item!r}") from None
+
+
+def load_config(path: Optional[str | pathlib.Path] = None, overrides: Sequence[str] = ()) -> RunConfig:
+  """Defaults <- YAML file (and the files it names as `base:`) <- dotted overrides (`loss.name=dapo`), typed and
+  validated.
+
+  Raises ConfigError naming the offending key (and the file or override it came from).
+  """
+  merged = OmegaConf.structured(RunConfig)
+  for file in _file_chain(path):
+    loaded = _load_yaml(file)
+    try:
+      loaded.pop("base", None)
+      merged = OmegaConf.merge(merged, loaded)
+    except OmegaConfBaseException as exc:
+      raise _clean(exc, str(file)) from None
+  for item in overrides:
+    if "=" not in item:
+      raise ConfigError(f"override {item!r} is not of the form key=value")
+    try:
+      merged = OmegaConf.merge(merged, _override(item))
+    except OmegaConfBaseException as exc:
+      raise _clean(exc, f"override {item!r}") from None
+  try:
+    cfg = OmegaConf.to_object(merged)
+  except OmegaConfBaseException as exc:
+    raise _clean(exc, "") from None
+  return validate(cfg)
+
+
+def to_yaml(cfg: RunConfig) -> str:
+  return OmegaConf.to_yaml(OmegaConf.structured(cfg))

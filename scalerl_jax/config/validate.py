@@ -1,0 +1,112 @@
+"""Range and cross-field checks of a RunConfig, collected into one ConfigError that names every bad key."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+from scalerl_jax.config.schema import ConfigError, RunConfig
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+  """Checks values that types cannot; raises one ConfigError naming every bad key."""
+  errors: list[str] = []
+
+  def need(ok: bool, key: str, msg: str) -> None:
+    if not ok:
+      errors.append(f"{key}: {msg} (got {functools.reduce(getattr, key.split('.'), cfg)!r})")
+
+  m = cfg.model
+  for key in ("vocab_size", "hidden", "intermediate", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+              "max_seq_len"):
+    need(getattr(m, key) > 0, f"model.{key}", "must be positive")
+  need(m.num_kv_heads > 0 and m.num_heads % max(m.num_kv_heads, 1) == 0, "model.num_kv_heads",
+       f"must divide model.num_heads={m.num_heads}")
+  need(m.head_dim % 2 == 0, "model.head_dim", "must be even (RoPE rotates pairs)")
+  need(m.rope_theta > 0, "model.rope_theta", "must be positive")
+  r = cfg.rollout
+  need(r.max_slots > 0, "rollout.max_slots", "must be positive")
+  need(r.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)")
+  need(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+  need(r.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)")
+  need(r.decode_chunk > 0, "rollout.decode_chunk", "must be positive")
+  need(r.max_new_tokens > 0, "rollout.max_new_tokens", "must be positive")
+  need(len(r.prefill_buckets) > 0 and list(r.prefill_buckets) == sorted(r.prefill_buckets)
+       and r.prefill_buckets[-1] == r.max_prefill_len, "rollout.prefill_buckets",
+       f"must be increasing and end at rollout.max_prefill_len={r.max_prefill_len}")
+  need(r.max_prefill_len + r.max_new_tokens <= m.max_seq_len, "model.max_seq_len",
+       f"must hold rollout.max_prefill_len + rollout.max_new_tokens = {r.max_prefill_len + r.max_new_tokens}")
+  it = r.interruption
+  need(0 < it.think_budget_min <= it.think_budget_max, "rollout.interruption.think_budget_min",
+       f"must be in [1, think_budget_max={it.think_budget_max}]")
+  need(it.answer_budget > 0, "rollout.interruption.answer_budget", "must be positive")
+  l = cfg.loss
+  need(l.eps_max > 0, "loss.eps_max", "must be positive (absolute cap on the ratio)")
+  need(0 < l.eps_low < 1, "loss.eps_low", "must be in (0, 1)")
+  need(l.eps_high > 0, "loss.eps_high", "must be positive")
+  need(l.dual_clip is None or l.dual_clip > 1, "loss.dual_clip", "must be > 1 or null")
+  need(l.log_ratio_clamp > 0, "loss.log_ratio_clamp", "must be positive")
+  need(l.kl_coef == 0, "loss.kl_coef", "must be 0: a KL penalty needs a reference policy, which is not implemented "
+       "yet (nothing fills TrainBatch.ref_logprobs)")
+  need(0 < l.length_penalty_cache < l.length_penalty_max, "loss.length_penalty_cache",
+       f"must be in (0, loss.length_penalty_max={l.length_penalty_max})")
+  d = cfg.data
+  need(d.prompts_per_step > 0, "data.prompts_per_step", "must be positive")
+  need(d.samples_per_prompt > 1, "data.samples_per_prompt", "must be >= 2 (advantages are group-relative)")
+  need(d.task != "file" or bool(d.path), "data.path", "is required when data.task=file")
+  need(d.reward_timeout_s > 0, "data.reward_timeout_s", "must be positive")
+  need(d.reward_workers >= 1, "data.reward_workers", "must be >= 1")
+  lowest = 0.0 if d.reward_scale == "01" else -1.0
+  need(d.failure_reward is None or d.failure_reward <= lowest, "data.failure_reward",
+       f"must be at most the lowest reward of data.reward_scale={d.reward_scale} ({lowest:g}) or null, so a failed "
+       "verification never scores above a wrong answer")
+  need(d.num_eval > 0, "data.num_eval", "must be positive (the held-out set the curve is measured on)")
+  need(d.task == "file" or d.num_train > 0, "data.num_train", "must be positive")
+  need(0 < d.npr.threshold <= 1, "data.npr.threshold", "must be in (0, 1]")
+  need(d.npr.min_observations >= 1, "data.npr.min_observations", "must be >= 1")
+  o = cfg.optimizer
+  need(o.lr > 0, "optimizer.lr", "must be positive")
+  need(o.warmup_steps >= 0, "optimizer.warmup_steps", "must be >= 0")
+  need(o.eps > 0, "optimizer.eps", "must be positive")
+  need(o.grad_clip >= 0, "optimizer.grad_clip", "must be >= 0 (0 = off)")
+  p = cfg.pipeline
+  need(p.max_lag >= 0, "pipeline.max_lag", "must be >= 0")
+  need(p.mode != "ppo_offpolicy" or p.max_lag >= 1, "pipeline.max_lag", "must be >= 1 for ppo_offpolicy")
+  need(p.steps > 0, "pipeline.steps", "must be positive")
+  need(cfg.trainer.micro_batches > 0 and d.prompts_per_step % cfg.trainer.micro_batches == 0,
+       "trainer.micro_batches", f"must divide data.prompts_per_step={d.prompts_per_step}")
+  need(p.eval_samples > 0, "pipeline.eval_samples", "must be positive")
+  need(0 < cfg.curve_fit.fit_upto <= 1, "curve_fit.fit_upto", "must be in (0, 1]")
+  need(cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1")
+  need(cfg.checkpoint.every_steps > 0, "checkpoint.every_steps", "must be positive")
+  need(p.eval_every >= 0, "pipeline.eval_every", "must be >= 0 (0 = no periodic evaluation)")
+  need(cfg.trainer.max_skipped_steps >= 1, "trainer.max_skipped_steps", "must be >= 1")
+  w = cfg.warm_start
+  if w.enabled:
+    need(w.max_steps > 0, "warm_start.max_steps", "must be positive (or warm_start.enabled=false)")
+    need(w.eval_every > 0, "warm_start.eval_every", "must be positive")
+    need(w.batch_size > 0, "warm_start.batch_size", "must be positive")
+    need(d.task == "file" or w.batch_size <= d.num_train, "warm_start.batch_size",
+         f"must be at most the training pool, data.num_train={d.num_train}")
+    need(w.lr > 0, "warm_start.lr", "must be positive")
+  need(cfg.mesh.generator_devices >= 0, "mesh.generator_devices", "must be >= 0")
+  for key, value in _floats(cfg):
+    if not math.isfinite(value):
+      errors.append(f"{key}: must be a finite number (got {value!r})")
+  if errors:
+    raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+  return cfg
+
+
+def _floats(cfg: Any, prefix: str = "") -> list[tuple[str, float]]:
+  """Every float-valued key of a config (nested groups included), with its dotted name."""
+  out = []
+  for f in dataclasses.fields(cfg):
+    value = getattr(cfg, f.name)
+    if dataclasses.is_dataclass(value):
+      out += _floats(value, f"{prefix}{f.name}.")
+    elif isinstance(value, float):
+      out.append((prefix + f.name, value))
+  return out
