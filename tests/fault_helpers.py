@@ -152,7 +152,8 @@ def tree_mismatches(a, b, path: str = "") -> list[str]:
 
 
 def lost_and_duplicated(reference: list[list[str]], got: list[list[str]]) -> tuple[int, int]:
-  """(prompts of the reference never consumed, prompts consumed more often than in the reference)."""
+  """(prompts of the reference never consumed, prompts consumed more often than in the reference: twice, or not
+  at all in the reference)."""
   ref, seen = Counter(p for b in reference for p in b), Counter(p for b in got for p in b)
   return sum((ref - seen).values()), sum((seen - ref).values())
 
