@@ -14,6 +14,7 @@ import pytest
 
 from scalerl_jax.config import load_config
 from scalerl_jax.scaling import synthetic
+from tests.cli_helpers import exit_error
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRAIN, FIT = ROOT / "launch" / "train.py", ROOT / "launch" / "fit_curve.py"
@@ -141,10 +142,7 @@ def fake_job(monkeypatch):
 
 
 def _main_error(capsys, argv) -> str:
-  with pytest.raises(SystemExit) as info:
-    train.main(argv)
-  assert info.value.code == 2
-  return capsys.readouterr().err
+  return exit_error(capsys, train.main, argv)
 
 
 def test_a_user_error_from_the_generator_thread_prints_its_cause(fake_job, tmp_path, capsys):

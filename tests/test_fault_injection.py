@@ -273,8 +273,8 @@ def _run_scenario(scenario: Scenario, reference: Reference, tmp: pathlib.Path) -
       if bad:
         problems.append(f"final params / optimizer state differ from the uninterrupted run's: {bad[:4]}")
   if bitwise and len(lines) == len(reference.metrics):
-    # every counter that is not a time continues across resumes: FLOPs, and the reward totals (reward/calls, ...:
-    # in the checkpoint since 7b11ede; before it they restarted from 0 on each resume)
+    # every metric that is not a time or a running total counted when calls happen (_TIMING_KEYS) replays exactly:
+    # rewards, losses, evaluations, FLOPs
     differ: dict[str, list[int]] = {}
     for got_line, ref_line in zip(lines, reference.metrics):
       a, b = _replayed(got_line), _replayed(ref_line)

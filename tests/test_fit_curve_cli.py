@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from scalerl_jax.scaling import synthetic
+from tests.cli_helpers import exit_error
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "launch" / "fit_curve.py"
@@ -39,10 +40,7 @@ def _csv(path, rows, header="compute,reward"):
 
 
 def _error(capsys, argv) -> str:
-  with pytest.raises(SystemExit) as exit_info:
-    cli.main(argv)
-  assert exit_info.value.code == 2
-  return capsys.readouterr().err
+  return exit_error(capsys, cli.main, argv)
 
 
 def test_two_runs_json_and_comparison_plot(runs, tmp_path, capsys):
