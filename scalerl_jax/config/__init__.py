@@ -8,6 +8,6 @@
 from scalerl_jax.config.load import load_config, to_yaml
 from scalerl_jax.config.schema import *  # noqa: F401,F403  (every group dataclass, the Literal types, CHOICES)
 from scalerl_jax.config.schema import CHOICES, CONFIG_GROUPS, ConfigError, RunConfig
-from scalerl_jax.config.validate import validate
+from scalerl_jax.config.validate import validate, validate_with_tokenizer
 
-__all__ = ["CHOICES", "CONFIG_GROUPS", "ConfigError", "RunConfig", "load_config", "to_yaml", "validate"]
+__all__ = ["CHOICES", "CONFIG_GROUPS", "ConfigError", "RunConfig", "load_config", "to_yaml", "validate", "validate_with_tokenizer"]

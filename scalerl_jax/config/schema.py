@@ -30,6 +30,7 @@ class ConfigError(UserError, ValueError):
 # Names chosen by one key each: OmegaConf rejects any other value (YAML and overrides keep these spellings).
 ModelFamily = Literal["dense"]  # moe lands with its own issue
 DType = Literal["float32", "bfloat16"]
+RopeScaling = Literal["default", "llama3"]  # "llama3": Llama-3.1 frequency scaling (transformers' rope_type llama3)
 LossName = Literal["cispo", "reinforce", "grpo", "ppo", "dapo", "gspo"]
 Aggregation = Literal["prompt", "sample", "token", "seq_mean_token_sum"]
 AdvNorm = Literal["batch", "prompt", "none"]
@@ -71,7 +72,13 @@ class ModelConfig(_Choices):
   num_kv_heads: int = 4
   head_dim: int = 32  # independent of hidden / num_heads
   rope_theta: float = 10000.0
-  qk_norm: bool = False
+  rope_scaling: RopeScaling = "default"  # llama3: the four rope_* keys below rescale the RoPE frequencies
+  rope_factor: float = 1.0  # llama3: frequencies of wavelengths > original_max / low_freq_factor are divided by it
+  rope_low_freq_factor: float = 1.0  # llama3
+  rope_high_freq_factor: float = 4.0  # llama3: wavelengths < original_max / high_freq_factor stay unchanged
+  rope_original_max_positions: int = 8192  # llama3: the pre-training context (original_max_position_embeddings)
+  qkv_bias: bool = False  # biases on the q/k/v projections (Qwen2 / Qwen2.5)
+  qk_norm: bool = False  # RMSNorm over the head dim of q and k before RoPE (Qwen3)
   tie_embeddings: bool = True
   norm_eps: float = 1e-6
   dtype: DType = "float32"  # compute dtype

@@ -7,7 +7,7 @@ import functools
 import math
 from typing import Any
 
-from scalerl_jax.config.schema import ConfigError, RunConfig
+from scalerl_jax.config.schema import ConfigError, ModelConfig, RunConfig
 
 
 def validate(cfg: RunConfig) -> RunConfig:
@@ -26,6 +26,17 @@ def validate(cfg: RunConfig) -> RunConfig:
        f"must divide model.num_heads={m.num_heads}")
   need(m.head_dim % 2 == 0, "model.head_dim", "must be even (RoPE rotates pairs)")
   need(m.rope_theta > 0, "model.rope_theta", "must be positive")
+  need(m.rope_factor >= 1, "model.rope_factor", "must be >= 1 (llama3 divides long wavelengths' frequencies by it)")
+  need(m.rope_low_freq_factor > 0, "model.rope_low_freq_factor", "must be positive")
+  need(m.rope_high_freq_factor > m.rope_low_freq_factor, "model.rope_high_freq_factor",
+       f"must be > model.rope_low_freq_factor={m.rope_low_freq_factor} (the band between them is interpolated)")
+  need(m.rope_original_max_positions > 0, "model.rope_original_max_positions", "must be positive")
+  if m.rope_scaling == "default":  # a llama3 setting without rope_scaling=llama3 would be silently ignored
+    defaults = ModelConfig()
+    for f in ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_positions"):
+      default = getattr(defaults, f)
+      need(getattr(m, f) == default, f"model.{f}",
+           f"is only used with model.rope_scaling=llama3: set that, or leave this key at its default {default!r}")
   r = cfg.rollout
   need(r.max_slots > 0, "rollout.max_slots", "must be positive")
   need(r.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)")
@@ -110,3 +121,17 @@ def _floats(cfg: Any, prefix: str = "") -> list[tuple[str, float]]:
     elif isinstance(value, float):
       out.append((prefix + f.name, value))
   return out
+
+
+def validate_with_tokenizer(cfg: RunConfig, tokenizer) -> None:
+  """The checks that need the run's tokenizer (built from data.tokenizer): the model's vocabulary holds it, and
+  the interruption budget (thinking + the phrase's tokens + answer) fits rollout.max_new_tokens."""
+  if tokenizer.vocab_size > cfg.model.vocab_size:
+    raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} is smaller than the tokenizer's "
+                      f"{tokenizer.vocab_size} tokens")
+  r, it = cfg.rollout, cfg.rollout.interruption
+  phrase = len(tokenizer.encode(it.phrase))
+  if it.enabled and it.think_budget_max + phrase + it.answer_budget > r.max_new_tokens:
+    raise ConfigError(f"rollout.max_new_tokens: {r.max_new_tokens} cannot hold think_budget_max "
+                      f"{it.think_budget_max} + the phrase's {phrase} tokens + answer_budget {it.answer_budget} = "
+                      f"{it.think_budget_max + phrase + it.answer_budget}")

@@ -33,7 +33,7 @@ from typing import Any, Optional, Sequence
 import jax
 
 from scalerl_jax import distributed, faults, rl, types
-from scalerl_jax.config import ConfigError, RunConfig, to_yaml
+from scalerl_jax.config import ConfigError, RunConfig, to_yaml, validate_with_tokenizer
 from scalerl_jax.errors import UserError
 from scalerl_jax.data.npr import NPRState
 from scalerl_jax.data.prompt_stream import PromptsExhausted, PromptStream, encode_records
@@ -82,9 +82,7 @@ class RLJob:
     self.policy = make_policy(cfg.model)
     # prompts -> rollouts -> rewards
     self.tokenizer = make_tokenizer(d)
-    if self.tokenizer.vocab_size > cfg.model.vocab_size:
-      raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} is smaller than the tokenizer's "
-                        f"{self.tokenizer.vocab_size} tokens")
+    validate_with_tokenizer(cfg, self.tokenizer)
     self.task = make_task(d)
     npr = NPRState(d.npr)
     self.cursor = DataCursor(PromptStream(self.task.train_records(), d, self.tokenizer, s.L, npr=npr,
@@ -93,11 +91,6 @@ class RLJob:
                              max_lag=AdmissionPolicy.from_config(cfg.pipeline.mode, cfg.pipeline.max_lag).k)
     self.rewards = make_reward_runner(d, self.task.reward)
     it = r.interruption
-    budget = it.think_budget_max + len(self.tokenizer.encode(it.phrase)) + it.answer_budget
-    if it.enabled and budget > r.max_new_tokens:
-      raise ConfigError(f"rollout.max_new_tokens: {r.max_new_tokens} cannot hold think_budget_max "
-                        f"{it.think_budget_max} + the phrase's {budget - it.think_budget_max - it.answer_budget} tokens "
-                        f"+ answer_budget {it.answer_budget} = {budget}")
     self.engine = Engine(self.policy, r, self.generator_layout.mesh, rules=self.generator_layout.rules,
                          stop_ids=[self.tokenizer.eos_id], phrase_ids=self.tokenizer.encode(it.phrase),
                          end_marker_ids=self.tokenizer.encode(it.end_marker))
@@ -294,35 +287,37 @@ class RLJob:
 
   def run(self) -> dict:
     """PipelineRL-k / PPO-off-policy-k with the generator on its own thread."""
-    with self._running():
-      self._begin()
+    def loop():
       stop = threading.Event()
       self._generator = GeneratorThread(
           driver=self.driver, next_prompts=self.cursor.next_batch, score=self.score, weights=self.weights,
           policy=self.admission, samples=self.shapes.G, start=self.start_step, end=self.cfg.pipeline.steps,
           out=BatchBuffer(stop), stop=stop)
       self._gen_stats = self._generator.stats
-      try:
-        with self.meter.count_compilation():
-          run_pipeline(generator=self._generator, consume=self.consume, start=self.start_step,
-                       end=self.cfg.pipeline.steps, interrupted=self._interrupt.is_set)
-      except PipelineError as exc:
-        if isinstance(exc.__cause__, UserError):  # e.g. a reward batch that failed whole, NPR left no prompt
-          self._stop_on(exc.__cause__)
-        raise
-      return self._finish()
+      run_pipeline(generator=self._generator, consume=self.consume, start=self.start_step,
+                   end=self.cfg.pipeline.steps, interrupted=self._interrupt.is_set)
+    return self._run(loop)
 
   def run_sync(self) -> dict:
     """The synchronous reference loop (no threads): generate batch s with params v = s, train, repeat."""
+    return self._run(lambda: run_synchronous(
+        driver=self.driver, next_prompts=self.cursor.next_batch, score=self.score, weights=self.weights,
+        samples=self.shapes.G, start=self.start_step, end=self.cfg.pipeline.steps, consume=self.consume,
+        interrupted=self._interrupt.is_set, stats=self._gen_stats))
+
+  def _run(self, loop) -> dict:
+    """Set up, run `loop`, finish. A user error (a reward batch that failed whole, NPR leaving no prompt,
+    non-finite steps), raised here or in the generator thread, stops the run with a checkpoint of the work done."""
     with self._running():
       self._begin()
       try:
         with self.meter.count_compilation():
-          run_synchronous(driver=self.driver, next_prompts=self.cursor.next_batch, score=self.score,
-                          weights=self.weights, samples=self.shapes.G, start=self.start_step,
-                          end=self.cfg.pipeline.steps, consume=self.consume, interrupted=self._interrupt.is_set,
-                          stats=self._gen_stats)
-      except (PromptsExhausted, UserError) as exc:
+          loop()
+      except PipelineError as exc:
+        if isinstance(exc.__cause__, UserError):
+          self._stop_on(exc.__cause__)
+        raise
+      except UserError as exc:
         self._stop_on(exc)
       return self._finish()
 
