@@ -17,6 +17,7 @@ from scalerl_jax.pipeline import job as job_lib
 from scalerl_jax.pipeline.compute import ComputeMeter
 from scalerl_jax.pipeline.job import RLJob
 from scalerl_jax.pipeline.orchestrator import AdmissionPolicy
+from scalerl_jax.errors import UserError
 from scalerl_jax.train.step import NonFiniteError
 from tests.pipeline_helpers import tiny_config
 
@@ -48,8 +49,9 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run_with_a_usable_che
     return types.TrainBatch(**{**batch.__dict__, "advantages": np.full_like(batch.advantages, np.nan)}), metrics
 
   monkeypatch.setattr(job_lib, "build_train_batch", poisoned)
+  # the third skip lands on a checkpoint step (checkpoint.every_steps=3): one checkpoint, not a second save of it
   job = RLJob(tiny_config(tmp_path, "pipeline.steps=10", "trainer.max_skipped_steps=3", "pipeline.eval_every=0",
-                          "loss.zero_variance_filter=false"), progress=False)
+                          "loss.zero_variance_filter=false", "checkpoint.every_steps=3"), progress=False)
   with pytest.raises(NonFiniteError, match="3 steps in a row .* non-finite"):
     job.run_sync()
   initial = RLJob(tiny_config(tmp_path / "fresh", "pipeline.eval_every=0"), progress=False)
@@ -120,16 +122,17 @@ def test_npr_epoch_snapshot_does_not_depend_on_how_far_the_trainer_has_got(tmp_p
   assert _prompts(eager) == _prompts(lagging)
 
 
-def test_npr_exhausting_the_pool_stops_cleanly_and_the_run_continues_with_npr_off(tmp_path):
-  overrides = ["pipeline.mode=sync", "pipeline.steps=12", "data.num_train=8", "data.npr.threshold=0.5",
+@pytest.mark.parametrize("mode", ["sync", "pipeline"])  # the pipeline's generator thread hits it there
+def test_npr_exhausting_the_pool_stops_cleanly_and_the_run_continues_with_npr_off(tmp_path, mode):
+  overrides = [f"pipeline.mode={mode}", "pipeline.max_lag=0", "pipeline.steps=12", "data.num_train=8", "data.npr.threshold=0.5",
                "data.reward_fn=tests.test_reliability.always_one", "checkpoint.every_steps=100",
                "pipeline.eval_every=0"]
   job = RLJob(tiny_config(tmp_path, *overrides), progress=False)
   with pytest.raises(PromptsExhausted, match="stopped at step 2 with a checkpoint.*data.npr.enabled=false"):
-    job.run_sync()
+    job.run_sync() if mode == "sync" else job.run()
   assert job.ckpt.latest_step() == 2
   again = RLJob(tiny_config(tmp_path, *overrides, "data.npr.enabled=false", "pipeline.steps=4"), progress=False)
-  again.run_sync()
+  again.run_sync() if mode == "sync" else again.run()
   assert [json.loads(l)["step"] for l in (tmp_path / "consumed_prompts.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
 
 
@@ -179,3 +182,79 @@ def test_a_restart_is_not_compute(tmp_path):
   assert resumed.start_step == 2 and seen == [True]
   lines = _metrics(resumed)
   assert lines[-1]["compute/compile_seconds_excluded"] > lines[2]["compute/compile_seconds_excluded"]
+
+
+def test_one_non_finite_step_is_skipped_and_the_run_goes_on(tmp_path, monkeypatch):
+  build = job_lib.build_train_batch
+
+  def poison_step_1(packed, cfg, layout=None):
+    batch, metrics = build(packed, cfg, layout)
+    if poison_step_1.calls == 1:
+      batch = types.TrainBatch(**{**batch.__dict__, "advantages": np.full_like(batch.advantages, np.inf)})
+    poison_step_1.calls += 1
+    return batch, metrics
+
+  poison_step_1.calls = 0
+  monkeypatch.setattr(job_lib, "build_train_batch", poison_step_1)
+  job = RLJob(tiny_config(tmp_path, "pipeline.steps=3", "pipeline.eval_every=0", "loss.zero_variance_filter=false"),
+              progress=False)
+  job.run_sync()
+  assert [r["train/skipped"] for r in _metrics(job) if "train/skipped" in r] == [0, 1, 0]
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(job.state.params))
+
+
+@pytest.mark.parametrize("override,key", [
+    ("optimizer.lr=inf", "optimizer.lr"), ("data.failure_reward=nan", "data.failure_reward"),
+    ("data.failure_reward=0.5", "data.failure_reward"),  # above the 01 scale's lowest reward: beats a wrong answer
+    ("checkpoint.every_steps=0", "checkpoint.every_steps"), ("warm_start.eval_every=0", "warm_start.eval_every"),
+    ("warm_start.batch_size=0", "warm_start.batch_size"), ("warm_start.batch_size=100000", "warm_start.batch_size"),
+    ("warm_start.max_steps=-1", "warm_start.max_steps"), ("data.num_eval=0", "data.num_eval")])
+def test_values_that_used_to_crash_late_or_do_nothing_are_refused(override, key):
+  from scalerl_jax.config import load_config
+  with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+    load_config(overrides=[override])
+  if key == "data.failure_reward" and override.endswith("0.5"):
+    assert load_config(overrides=["data.reward_scale=pm1", "data.failure_reward=-1"]).data.failure_reward == -1
+
+
+def test_a_second_run_on_a_live_run_directory_is_refused(tmp_path):
+  from scalerl_jax.errors import UserError
+  first = RLJob(tiny_config(tmp_path, "pipeline.steps=1", "pipeline.eval_every=0"), progress=False)
+  first.setup()  # holds the run directory
+  try:
+    second = RLJob(tiny_config(tmp_path, "pipeline.steps=1", "pipeline.eval_every=0"), progress=False)
+    with pytest.raises(UserError, match="in use by another run"):
+      second.setup()
+  finally:
+    first._lock.release()
+
+
+def raise_on_even_answers(completion: str, answer: str) -> float:
+  if int(answer[0]) % 2 == 0:
+    raise ValueError("no even answers")
+  return 0.0
+
+
+def test_evaluation_counts_reward_failures(tmp_path):
+  job = RLJob(tiny_config(tmp_path, "pipeline.steps=1", "pipeline.eval_every=1", "pipeline.eval_samples=2",
+                          "data.reward_fn=tests.test_reliability.raise_on_even_answers"), progress=False)
+  even = sum(int(p.answer[0]) % 2 == 0 for p in job.evaluator.prompts)
+  assert 0 < even < len(job.evaluator.prompts), "precondition: some eval answers fail, not all"
+  try:
+    job.run_sync()
+  except UserError:  # a training batch whose answers are all even fails whole: fine, step 0's evaluation ran
+    pass
+  first = _metrics(job)[0]
+  assert first["step"] == 0 and first["eval/reward_failures"] == even * (1 + 2)  # greedy + 2 samples each
+
+
+def test_skipped_row_counts_reach_the_stream_metrics():
+  from scalerl_jax.data.npr import NPRState
+  from scalerl_jax.data.prompt_stream import PromptStream
+  from scalerl_jax.data.tasks import make_task
+  from scalerl_jax.data.tokenizer import make_tokenizer
+  cfg = tiny_config("unused")
+  stream = PromptStream(make_task(cfg.data).train_records(), cfg.data, make_tokenizer(cfg.data), 8,
+                        npr=NPRState(cfg.data.npr), counts={"rows_read": 7, "skipped_bad_rows": 5})
+  metrics = stream.metrics()
+  assert metrics["data/skipped_bad_rows"] == 5 and metrics["data/rows_read"] == 7

@@ -1,4 +1,4 @@
-"""Preemption and Ctrl-C: SIGTERM (Slurm, Kubernetes, a TPU VM maintenance event) and SIGINT stop a run at the next
+"""Stopping and refusing cleanly. Preemption and Ctrl-C: SIGTERM (Slurm, Kubernetes, a TPU VM maintenance event) and SIGINT stop a run at the next
 step boundary with a checkpoint of exactly the steps consumed, in the pipeline and in the synchronous loop."""
 
 import json
@@ -31,3 +31,14 @@ def test_signal_checkpoints_at_the_step_boundary_and_exits(tmp_path, sig, flags,
   steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
   assert steps == [consumed]  # the checkpoint holds every consumed step, and no step after it was consumed
   assert [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()][-1] == consumed
+
+
+def test_a_refused_resume_is_one_line(tmp_path):
+  run_dir = tmp_path / "run"
+  base = [*_command(run_dir), "pipeline.steps=1", "pipeline.eval_every=0"]
+  done = subprocess.run(base, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+  refused = subprocess.run([*base, "pipeline.steps=2", "loss.name=dapo"], cwd=ROOT, env=_env(), capture_output=True,
+                           text=True, timeout=300)
+  assert refused.returncode == 2 and "Traceback" not in refused.stderr
+  assert "train.py: error:" in refused.stderr and "loss.name: cispo -> dapo" in refused.stderr

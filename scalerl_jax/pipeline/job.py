@@ -129,10 +129,6 @@ class RLJob:
     self.summary: dict[str, Any] = {}
 
   @property
-  def interrupted(self) -> bool:
-    return self._interrupt.is_set()
-
-  @property
   def exit_code(self) -> int:
     """0, or 128 + the signal that stopped the run (130 Ctrl-C, 143 SIGTERM)."""
     return self._interrupt.exit_code
@@ -211,11 +207,13 @@ class RLJob:
     self.version = step + 1
     skipped = int(device_metrics["skipped"])  # the step has finished (blocked on above): a cheap read
     self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
+    # NPR hears of this step before the new version is published: a generator that may then draw batch
+    # step + 1 + k (and filter a new epoch as of step + 1) must find this step's solves recorded
+    data_metrics = self.cursor.record(step, packed.prompt_ids, [g.pass_rate for g in batch.groups])
     if self.admission.publishes(self.version):
       faults.point("weight_sync")
       self.sync.publish(self.state.params, self.version)
     sync_s = self.sync.last_seconds if self.admission.publishes(self.version) else 0.0
-    data_metrics = self.cursor.record(step, packed.prompt_ids, [g.pass_rate for g in batch.groups])
     self._flush()  # the previous step's device metrics are ready by now: read them one step late
     host = step_metrics.host_metrics(batch, packed, prepare_metrics, data_metrics, sync_s, wait_s, self.version)
     host.update(self.rewards.metrics())  # totals: calls, errors, timeouts, killed workers, failure rate
@@ -232,7 +230,8 @@ class RLJob:
     faults.point("step_end")
     if self._skipped_in_a_row >= cfg.trainer.max_skipped_steps:
       self._flush()
-      self.checkpoint()  # the params are those before the skipped steps: a usable checkpoint
+      if self.ckpt.latest_step() != self.version:  # the params are those before the skipped steps: usable
+        self.checkpoint()
       raise NonFiniteError(
           f"{self._skipped_in_a_row} steps in a row (up to step {step}) had a non-finite loss or gradient and were "
           f"skipped (trainer.max_skipped_steps={cfg.trainer.max_skipped_steps}); the run stopped with a checkpoint "
