@@ -68,7 +68,7 @@ def test_causality_gradient_is_exactly_zero(policy_params):
     x = e
     positions = jnp.arange(10)[None]
     module = policy.module(params)
-    sin_cos = rope_angles(positions, CFG.head_dim, CFG.rope_theta, CFG.max_seq_len)
+    sin_cos = rope_angles(positions, CFG)
     for block in module.blocks:
       x, _ = block(x, positions, sin_cos, None)
     return module.final_norm(x)[0, t].sum()

@@ -87,15 +87,36 @@ class RMSNorm(nnx.Module):
     return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
 
 
-def rope_angles(positions_BT, head_dim: int, theta: float, max_len: int):
-  """(sin, cos) of the rotary angles, [B, T, 1, H/2] each, looked up in a [max_len, H/2] table. One lookup per
-  forward serves every layer's queries and keys. The table depends on no input, so XLA folds or hoists it (out of
-  the decode loop); computing sin/cos from the positions instead gets fused into each of the 2L rope consumers and
-  evaluated per head and element (on CPU those fusions were ~15 % of a decode step). Positions must be < max_len
-  (model.max_seq_len; config validation keeps prompt + new tokens within it)."""
-  half = head_dim // 2
-  freq_h = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angle_Sh = jnp.arange(max_len, dtype=jnp.float32)[:, None] * freq_h
+def rope_frequencies(cfg: ModelConfig):
+  """float32[H/2] inverse frequencies of RoPE: theta^(-2i/H), then rescaled by `model.rope_scaling`.
+
+  "llama3" (Llama 3.1+, transformers' rope_type llama3): with wavelength w = 2 pi / f and C =
+  rope_original_max_positions, frequencies with w > C / low_freq_factor are divided by rope_factor, those with
+  w < C / high_freq_factor are kept, and in between f becomes (1 - s) f / factor + s f with
+  s = (C / w - low_freq_factor) / (high_freq_factor - low_freq_factor): long wavelengths are stretched, short ones
+  kept, smoothly in between. Computed in float32 in transformers' order of operations."""
+  half = cfg.head_dim // 2
+  freq_h = cfg.rope_theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  if cfg.rope_scaling == "llama3":
+    factor, low, high, C = (cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
+                            cfg.rope_original_max_positions)
+    wavelength_h = 2 * math.pi / freq_h
+    smooth_h = (C / wavelength_h - low) / (high - low)
+    between_h = (1 - smooth_h) * freq_h / factor + smooth_h * freq_h
+    freq_h = jnp.where(wavelength_h > C / low, freq_h / factor,
+                       jnp.where(wavelength_h < C / high, freq_h, between_h))
+  return freq_h
+
+
+def rope_angles(positions_BT, cfg: ModelConfig):
+  """(sin, cos) of the rotary angles, [B, T, 1, H/2] each, looked up in a [max_seq_len, H/2] table of
+  position * `rope_frequencies(cfg)`. One lookup per forward serves every layer's queries and keys. The table
+  depends on no input, so XLA folds or hoists it (out of the decode loop); computing sin/cos from the positions
+  instead gets fused into each of the 2L rope consumers and evaluated per head and element (on CPU those fusions
+  were ~15 % of a decode step). Positions must be < model.max_seq_len (config validation keeps prompt + new
+  tokens within it)."""
+  freq_h = rope_frequencies(cfg)
+  angle_Sh = jnp.arange(cfg.max_seq_len, dtype=jnp.float32)[:, None] * freq_h
   return jnp.sin(angle_Sh)[positions_BT][:, :, None, :], jnp.cos(angle_Sh)[positions_BT][:, :, None, :]
 
 
@@ -109,7 +130,8 @@ def rope(x_BTAH, sin_cos):
 
 
 class Attention(nnx.Module):
-  """Grouped-query attention with optional QK-norm and an explicit KV cache."""
+  """Grouped-query attention with optional q/k/v biases, optional QK-norm and an explicit KV cache. Query head q
+  reads key/value head q // R (transformers' repeat_kv order)."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     D, Q, K, H = cfg.hidden, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -119,6 +141,11 @@ class Attention(nnx.Module):
     self.v = normal_param(rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), D ** -0.5, pd)
     self.o = normal_param(rngs, (Q, H, D), ("heads", "head_dim", "embed"),
                           (Q * H) ** -0.5 / (2 * cfg.num_layers) ** 0.5, pd)
+    # Qwen2-style q/k/v biases, added to the projections' outputs (zeros at init: they draw no random numbers)
+    bias = lambda shape, axes: nnx.Param(jnp.zeros(shape, pd), logical_axes=axes)
+    self.q_bias = bias((Q, H), ("heads", "head_dim")) if cfg.qkv_bias else None
+    self.k_bias = bias((K, H), ("kv_heads", "head_dim")) if cfg.qkv_bias else None
+    self.v_bias = bias((K, H), ("kv_heads", "head_dim")) if cfg.qkv_bias else None
     self.q_norm = RMSNorm(H, cfg.norm_eps, pd) if cfg.qk_norm else None
     self.k_norm = RMSNorm(H, cfg.norm_eps, pd) if cfg.qk_norm else None
     self.cfg = cfg
@@ -129,7 +156,11 @@ class Attention(nnx.Module):
     q_BTQH = dense(x_BTD, self.q[...].astype(dt))
     k_BTKH = dense(x_BTD, self.k[...].astype(dt))
     v_BTKH = dense(x_BTD, self.v[...].astype(dt))
-    if self.q_norm is not None:
+    if self.q_bias is not None:
+      q_BTQH = q_BTQH + self.q_bias[...].astype(dt)
+      k_BTKH = k_BTKH + self.k_bias[...].astype(dt)
+      v_BTKH = v_BTKH + self.v_bias[...].astype(dt)
+    if self.q_norm is not None:  # Qwen3: over the head dim, one scale [H] shared by the heads, before RoPE
       q_BTQH, k_BTKH = self.q_norm(q_BTQH), self.k_norm(k_BTKH)
     q_BTQH, k_BTKH = rope(q_BTQH, sin_cos), rope(k_BTKH, sin_cos)
 

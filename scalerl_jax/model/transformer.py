@@ -3,6 +3,31 @@ and the dense family's analytic parameter count and FLOPs.
 
 Array names carry their shape as a suffix (`x_BTD`, `logits_BTV`); the letters are the package legend in
 `scalerl_jax/types.py`. Parameters carry logical axis names (see `layers.py`); nothing here names a mesh axis.
+
+The param tree (`Policy.param_shapes`; keys as `weights.flatten_params` spells them, `['blocks'][i]['attn']['q']`;
+i = 0 .. num_layers - 1), with its logical axes and the Hugging Face tensor it holds (Llama / Qwen2 / Qwen3
+`*ForCausalLM`; torch Linear weights are [out, in], so a loader transposes and reshapes, and permutes nothing:
+RoPE here is rotate_half, the layout transformers stores q_proj / k_proj in; `L.` = `model.layers.{i}.`):
+
+  embed                          [V, D]     vocab, embed            model.embed_tokens.weight
+  blocks[i].attn_norm.scale      [D]        norm                    L.input_layernorm.weight
+  blocks[i].attn.q               [D, Q, H]  embed, heads, head_dim  L.self_attn.q_proj.weight [Q*H, D] .T.reshape
+  blocks[i].attn.k / .v          [D, K, H]  embed, kv_heads, head_dim  L.self_attn.k_proj / v_proj.weight [K*H, D]
+  blocks[i].attn.o               [Q, H, D]  heads, head_dim, embed  L.self_attn.o_proj.weight [D, Q*H] .T.reshape
+  blocks[i].attn.q_bias          [Q, H]     heads, head_dim         L.self_attn.q_proj.bias [Q*H]   (qkv_bias)
+  blocks[i].attn.k_bias / v_bias [K, H]     kv_heads, head_dim      L.self_attn.k_proj / v_proj.bias [K*H]
+  blocks[i].attn.q_norm.scale    [H]        norm                    L.self_attn.q_norm.weight   (qk_norm, Qwen3)
+  blocks[i].attn.k_norm.scale    [H]        norm                    L.self_attn.k_norm.weight   (qk_norm)
+  blocks[i].mlp_norm.scale       [D]        norm                    L.post_attention_layernorm.weight
+  blocks[i].mlp.gate / .up       [D, F]     embed, mlp              L.mlp.gate_proj / up_proj.weight [F, D] .T
+  blocks[i].mlp.down             [F, D]     mlp, embed              L.mlp.down_proj.weight [D, F] .T
+  final_norm.scale               [D]        norm                    model.norm.weight
+  lm_head                        [D, V]     embed, vocab            lm_head.weight [V, D] .T  (absent when
+                                                                    tie_embeddings: the head is `embed`)
+
+Head index order is kept: query head q is rows q*H .. q*H + H - 1 of q_proj and reads KV head q // R
+(transformers' repeat_kv). No o_proj / MLP biases exist (Llama's attention_bias / mlp_bias, Qwen3's
+attention_bias put one on o_proj: a loader must refuse them). Norm scales multiply plainly (no Gemma-style 1 + w).
 """
 
 from __future__ import annotations
@@ -51,7 +76,7 @@ class Transformer(nnx.Module):
     """Hidden states and per-layer KV. `cache`: decode into it; `prefix`: attend to a read-only prefix per layer
     as well as causally to this call's tokens; neither: causal self-attention over this call's tokens."""
     x_BTD = self.embed[...].astype(dtype_of(self.cfg.dtype))[tokens_BT]
-    sin_cos = rope_angles(positions_BT, self.cfg.head_dim, self.cfg.rope_theta, self.cfg.max_seq_len)
+    sin_cos = rope_angles(positions_BT, self.cfg)
     new_cache = []
     for i, block in enumerate(self.blocks):
       x_BTD, layer_cache = block(x_BTD, positions_BT, sin_cos, None if cache is None else cache[i],
@@ -77,7 +102,8 @@ def param_count(cfg: ModelConfig) -> int:
   """Analytic parameter count (equals the initialised tree's size; checked in tests)."""
   D, F, Q, K, H, V, layers = (cfg.hidden, cfg.intermediate, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                               cfg.vocab_size, cfg.num_layers)
-  attn = D * Q * H + 2 * D * K * H + Q * H * D + (2 * H if cfg.qk_norm else 0)
+  attn = (D * Q * H + 2 * D * K * H + Q * H * D + (2 * H if cfg.qk_norm else 0)
+          + ((Q + 2 * K) * H if cfg.qkv_bias else 0))
   block = attn + 3 * D * F + 2 * D
   return V * D + layers * block + D + (0 if cfg.tie_embeddings else D * V)
 
@@ -86,7 +112,7 @@ def flops_per_token(cfg: ModelConfig, context: int, backward: bool = False) -> f
   """Analytic matmul FLOPs for one token attending to `context` earlier positions.
 
   forward = 2 * (matmul params, LM head included) + 4 * layers * Q * H * context (QK^T and PV);
-  forward + backward = 3x forward.
+  forward + backward = 3x forward. Elementwise work (norms, q/k/v biases, RoPE, softmax) is not counted.
   """
   D, F, Q, K, H, V, layers = (cfg.hidden, cfg.intermediate, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                               cfg.vocab_size, cfg.num_layers)
