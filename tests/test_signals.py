@@ -42,3 +42,35 @@ def test_a_refused_resume_is_one_line(tmp_path):
                            text=True, timeout=300)
   assert refused.returncode == 2 and "Traceback" not in refused.stderr
   assert "train.py: error:" in refused.stderr and "loss.name: cispo -> dapo" in refused.stderr
+
+
+def test_a_second_signal_during_a_checkpoint_write_waits_for_the_write():
+  from scalerl_jax.pipeline.interrupts import Interrupts
+  interrupts = Interrupts()
+  interrupts._handler(signal.SIGINT, None)  # the first: stop at the next step boundary
+  assert interrupts.is_set() and interrupts.exit_code == 130
+  wrote = []
+  with pytest.raises(KeyboardInterrupt):
+    with interrupts.critical():
+      interrupts._handler(signal.SIGINT, None)  # the second, mid-write: no exception here
+      wrote.append("the rest of the write")
+  assert wrote == ["the rest of the write"]  # the abort came only after the section
+  with pytest.raises(KeyboardInterrupt):  # outside a write the second signal aborts at once
+    interrupts._handler(signal.SIGTERM, None)
+
+
+def test_an_interrupt_before_the_first_step_stops_without_a_step(tmp_path):
+  """Ctrl-C while the run compiles (the handlers are on from the start): the loop never starts."""
+  from tests.pipeline_helpers import tiny_config
+  from scalerl_jax.pipeline.job import RLJob
+  job = RLJob(tiny_config(tmp_path, "pipeline.steps=3", "pipeline.eval_every=0"), progress=False)
+  setup = job.setup
+
+  def setup_then_ctrl_c():
+    setup()
+    job._interrupt._handler(signal.SIGINT, None)  # as if it came during compilation
+
+  job.setup = setup_then_ctrl_c
+  summary = job.run_sync()
+  assert summary["steps"] == 0 and job.exit_code == 130
+  assert not (tmp_path / "consumed_prompts.jsonl").exists() or not _lines(tmp_path / "consumed_prompts.jsonl")
