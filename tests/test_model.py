@@ -13,6 +13,7 @@ from scalerl_jax.model import (Policy, completion_logprobs, flatten_params, flop
                                param_count, save_params, token_logprobs, unflatten_params)
 from scalerl_jax.model import transformer
 from scalerl_jax.model.layers import rope_angles
+from tests.model_helpers import full_and_cached
 
 CFG = ModelConfig(vocab_size=40, hidden=32, intermediate=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                   qk_norm=True, tie_embeddings=False, max_seq_len=24, rope_theta=500.0)
@@ -88,12 +89,8 @@ def test_incremental_decode_equals_full_forward(dtype, tol):
   policy = Policy(cfg)
   params = jax.jit(policy.init)(jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(2), (3, 12), 0, cfg.vocab_size)
-  full = jax.jit(lambda p, x: policy.logits(p, policy.forward(p, x)[0]))(params, tokens)
-
-  @jax.jit
-  def cached(p, x, positions, cache):
-    h, cache = policy.forward(p, x, positions, cache)
-    return policy.logits(p, h), cache
+  full_fn, cached = full_and_cached(policy)
+  full = full_fn(params, tokens)
 
   cache = policy.init_cache(3, cfg.max_seq_len)
   first, cache = cached(params, tokens[:, :5], jnp.broadcast_to(jnp.arange(5), (3, 5)), cache)  # prefill 5

@@ -14,6 +14,7 @@ import pytest
 from scalerl_jax.config import ConfigError, ModelConfig, load_config
 from scalerl_jax.model import Policy, param_count
 from scalerl_jax.model.layers import rope_angles, rope_frequencies
+from tests.model_helpers import full_and_cached
 
 # Qwen2 + Qwen3 + Llama-3 features at once: biases, QK-norm, head_dim (24) != hidden / heads (32 / 4 = 8), GQA
 CFG = ModelConfig(vocab_size=40, hidden=32, intermediate=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=24,
@@ -158,12 +159,8 @@ def test_attention_equals_transformers_layout_reference(policy_params):
 def test_incremental_decode_equals_full_forward_with_biases(policy_params):
   policy, params = policy_params
   tokens = jax.random.randint(jax.random.key(2), (2, 10), 0, CFG.vocab_size)
-  full = jax.jit(lambda p, x: policy.logits(p, policy.forward(p, x)[0]))(params, tokens)
-
-  @jax.jit
-  def cached(p, x, positions, cache):
-    h, cache = policy.forward(p, x, positions, cache)
-    return policy.logits(p, h), cache
+  full_fn, cached = full_and_cached(policy)
+  full = full_fn(params, tokens)
 
   cache = policy.init_cache(2, CFG.max_seq_len)
   steps, cache = [], cache
