@@ -1,0 +1,305 @@
+"""Hugging Face checkpoints in: `config.json` -> `ModelConfig`, and safetensors weights (one file or sharded with
+`model.safetensors.index.json`; fp32 / bf16 / fp16 on disk) read slice by slice straight into the target shardings.
+
+Families: `model_type` llama (Llama 2/3/3.1/3.2), qwen2 (Qwen2 / Qwen2.5: q/k/v biases) and qwen3 (QK-norm). The
+name mapping and the transposes / reshapes follow the param tree documented in `transformer.py`. Each of our params
+is `stored.reshape(split).transpose(perm)` of one stored tensor; a device's block of it is read with
+`safe_open(...).get_slice`, taking from every stored dim only the rows of the outermost factor the block needs
+(inner factors, e.g. head_dim inside q_proj's rows, are read whole and sliced on the host), so a tensor the layout
+shards is never read whole by any device's callback.
+
+Anything we cannot represent exactly (other rope types, sliding windows, o_proj / MLP biases, partial rotary) is an
+`HFCheckpointError` naming the file, key and value: never a silently different model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+from typing import Any, Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+from safetensors import safe_open
+
+from scalerl_jax.config import ModelConfig
+from scalerl_jax.errors import UserError
+from scalerl_jax.mesh import TRAIN_RULES, logical_to_sharding
+from scalerl_jax.model.policy import Params, Policy, make_policy
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+_NP_DTYPES = {"float32": np.float32, "bfloat16": jnp.bfloat16}
+
+
+class HFCheckpointError(UserError, ValueError):
+  """A Hugging Face checkpoint we cannot load; the message names the file and the key or tensor."""
+
+
+def _read_json(path: pathlib.Path) -> dict:
+  if not path.is_file():
+    raise HFCheckpointError(f"{path}: no such file (a Hugging Face checkpoint directory holds config.json)")
+  try:
+    return json.loads(path.read_text())
+  except (OSError, ValueError) as e:
+    raise HFCheckpointError(f"{path}: not readable JSON: {e}") from None
+
+
+def _rope(hf: dict, where: str) -> dict:
+  """Our rope_* keys from transformers 5's `rope_parameters` or transformers 4's `rope_theta` + `rope_scaling`."""
+  if hf.get("rope_parameters") is not None:
+    key, rp = "rope_parameters", dict(hf["rope_parameters"])
+    theta = rp.get("rope_theta", hf.get("rope_theta", 10000.0))
+  else:
+    key, rp = "rope_scaling", dict(hf.get("rope_scaling") or {})
+    theta = hf.get("rope_theta", 10000.0)
+  rope_type = rp.get("rope_type", rp.get("type", "default"))
+  out: dict[str, Any] = {"rope_theta": float(theta)}
+  if rope_type == "llama3":
+    try:
+      out.update(rope_scaling="llama3", rope_factor=float(rp["factor"]), rope_low_freq_factor=float(rp["low_freq_factor"]),
+                 rope_high_freq_factor=float(rp["high_freq_factor"]),
+                 rope_original_max_positions=int(rp["original_max_position_embeddings"]))
+    except KeyError as e:
+      raise HFCheckpointError(f"{where}: {key} of rope_type 'llama3' lacks {e.args[0]!r}") from None
+  elif rope_type != "default":
+    raise HFCheckpointError(f"{where}: {key}.rope_type={rope_type!r} is not supported (supported: default, llama3)")
+  for k in ("partial_rotary_factor",):
+    for src, val in ((key, rp.get(k)), (k, hf.get(k))):
+      if val is not None and float(val) < 1:
+        raise HFCheckpointError(f"{where}: {src if src == k else key + '.' + k}={val!r} (partial rotary embeddings) "
+                                "is not supported")
+  return out
+
+
+def hf_model_config(path_or_dict: str | os.PathLike | Mapping, *, dtype: str = "float32",
+                    max_seq_len: Optional[int] = None) -> ModelConfig:
+  """Our `ModelConfig` for a Hugging Face `config.json` (a checkpoint directory, the file, or its dict).
+  `max_seq_len` defaults to `max_position_embeddings`; `dtype` is the param and compute dtype."""
+  if isinstance(path_or_dict, Mapping):
+    hf, where = dict(path_or_dict), "config.json"
+  else:
+    p = pathlib.Path(path_or_dict)
+    p = p / "config.json" if p.is_dir() else p
+    hf, where = _read_json(p), str(p)
+  family = hf.get("model_type")
+  if family not in FAMILIES:
+    raise HFCheckpointError(f"{where}: model_type={family!r} is not a supported family "
+                            f"(supported: {', '.join(FAMILIES)})")
+  if hf.get("hidden_act", "silu") != "silu":
+    raise HFCheckpointError(f"{where}: hidden_act={hf['hidden_act']!r} is not supported (only silu)")
+  if hf.get("use_sliding_window"):
+    raise HFCheckpointError(f"{where}: use_sliding_window={hf['use_sliding_window']!r}: sliding-window attention "
+                            "is not supported")
+  other_layers = sorted({t for t in hf.get("layer_types") or () if t != "full_attention"})
+  if other_layers:
+    raise HFCheckpointError(f"{where}: layer_types holds {other_layers}: only full_attention layers are supported")
+  if family in ("llama", "qwen3") and hf.get("attention_bias"):
+    raise HFCheckpointError(f"{where}: attention_bias={hf['attention_bias']!r}: projection biases on o_proj are "
+                            "not supported")
+  if hf.get("mlp_bias"):
+    raise HFCheckpointError(f"{where}: mlp_bias={hf['mlp_bias']!r}: MLP biases are not supported")
+  try:
+    D, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+    fields = dict(vocab_size=int(hf["vocab_size"]), hidden=D, intermediate=int(hf["intermediate_size"]),
+                  num_layers=int(hf["num_hidden_layers"]), num_heads=heads,
+                  num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+                  head_dim=int(hf.get("head_dim") or D // heads),
+                  norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                  tie_embeddings=bool(hf.get("tie_word_embeddings", family != "llama")),
+                  max_seq_len=int(max_seq_len or hf["max_position_embeddings"]))
+  except KeyError as e:
+    raise HFCheckpointError(f"{where}: lacks the key {e.args[0]!r}") from None
+  if fields["num_heads"] % fields["num_kv_heads"]:
+    raise HFCheckpointError(f"{where}: num_attention_heads={heads} is not a multiple of "
+                            f"num_key_value_heads={fields['num_kv_heads']}")
+  return ModelConfig(family="dense", qkv_bias=family == "qwen2", qk_norm=family == "qwen3", dtype=dtype,
+                     param_dtype=dtype, **fields, **_rope(hf, where))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Map:
+  """Our param = stored.reshape(split).transpose(perm); `split` splits each stored dim into contiguous factors."""
+  name: str
+  split: tuple[int, ...]
+  perm: tuple[int, ...]
+  groups: tuple[int, ...]  # how many split dims each stored dim becomes
+
+  @property
+  def stored_shape(self) -> tuple[int, ...]:
+    out, i = [], 0
+    for g in self.groups:
+      out.append(math.prod(self.split[i:i + g]))
+      i += g
+    return tuple(out)
+
+
+def hf_name_map(cfg: ModelConfig) -> dict[str, _Map]:
+  """{our param key (weights.flatten_params spelling): how it is read from the Hugging Face tensor}."""
+  D, F, Q, K, H, V = cfg.hidden, cfg.intermediate, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size
+  same = lambda n, *s: _Map(n, s, tuple(range(len(s))), (1,) * len(s))
+  linear_t = lambda n, out, inn: _Map(n, (out, inn), (1, 0), (1, 1))  # torch [out, in] -> ours [in, out]
+  m = {"['embed']": same("model.embed_tokens.weight", V, D), "['final_norm']['scale']": same("model.norm.weight", D)}
+  if not cfg.tie_embeddings:
+    m["['lm_head']"] = linear_t("lm_head.weight", V, D)
+  for i in range(cfg.num_layers):
+    b, L = f"['blocks'][{i}]", f"model.layers.{i}."
+    m[b + "['attn_norm']['scale']"] = same(L + "input_layernorm.weight", D)
+    m[b + "['mlp_norm']['scale']"] = same(L + "post_attention_layernorm.weight", D)
+    for p, heads in (("q", Q), ("k", K), ("v", K)):  # [A*H, D] -> [A, H, D] -> [D, A, H]
+      m[b + f"['attn']['{p}']"] = _Map(L + f"self_attn.{p}_proj.weight", (heads, H, D), (2, 0, 1), (2, 1))
+      if cfg.qkv_bias:
+        m[b + f"['attn']['{p}_bias']"] = _Map(L + f"self_attn.{p}_proj.bias", (heads, H), (0, 1), (2,))
+    m[b + "['attn']['o']"] = _Map(L + "self_attn.o_proj.weight", (D, Q, H), (1, 2, 0), (1, 2))  # [D, Q*H] -> [Q, H, D]
+    if cfg.qk_norm:
+      m[b + "['attn']['q_norm']['scale']"] = same(L + "self_attn.q_norm.weight", H)
+      m[b + "['attn']['k_norm']['scale']"] = same(L + "self_attn.k_norm.weight", H)
+    m[b + "['mlp']['gate']"] = linear_t(L + "mlp.gate_proj.weight", F, D)
+    m[b + "['mlp']['up']"] = linear_t(L + "mlp.up_proj.weight", F, D)
+    m[b + "['mlp']['down']"] = linear_t(L + "mlp.down_proj.weight", D, F)
+  return m
+
+
+def _weight_files(d: pathlib.Path) -> dict[str, pathlib.Path]:
+  """{tensor name: the safetensors file that holds it} (read from the index, or the one file's header)."""
+  index = d / "model.safetensors.index.json"
+  if index.is_file():
+    weight_map = _read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+      raise HFCheckpointError(f"{index}: lacks the key 'weight_map'")
+    files = {n: d / f for n, f in weight_map.items()}
+    for f in sorted(set(files.values())):
+      if not f.is_file():
+        raise HFCheckpointError(f"{f}: no such file (named by {index.name})")
+    return files
+  single = d / "model.safetensors"
+  if not single.is_file():
+    raise HFCheckpointError(f"{single}: no such file (and no model.safetensors.index.json in {d})")
+  with _open(single) as st:
+    return {n: single for n in st.keys()}
+
+
+def _open(path: pathlib.Path):
+  try:
+    return safe_open(str(path), framework="numpy")
+  except Exception as e:  # safetensors raises its own SafetensorError (truncated header or data, bad JSON, ...)
+    raise HFCheckpointError(f"{path}: not a readable safetensors file: {e}") from None
+
+
+def _block_reader(handle, path: pathlib.Path, spec: _Map, dtype):
+  """callback(index) -> our param's block at `index` (a tuple of slices of our shape), read with get_slice."""
+  inv = [spec.perm.index(j) for j in range(len(spec.split))]  # split dim j is our dim inv[j]
+
+  def read(index):
+    index = tuple(index) + (slice(None),) * (len(spec.split) - len(index))
+    split_slices = [index[inv[j]].indices(spec.split[j])[:2] for j in range(len(spec.split))]
+    stored, local, shape, j = [], [], [], 0
+    for g in spec.groups:  # the outer factor of each stored dim picks rows; inner factors are read whole
+      inner = spec.split[j + 1:j + g]
+      a, b = split_slices[j]
+      stored.append(slice(a * math.prod(inner), b * math.prod(inner)))
+      shape += [b - a, *inner]
+      local += [slice(None)] + [slice(*split_slices[k]) for k in range(j + 1, j + g)]
+      j += g
+    try:
+      block = handle.get_slice(spec.name)[tuple(stored)]
+    except Exception as e:
+      raise HFCheckpointError(f"{path}: tensor {spec.name!r} could not be read: {e}") from None
+    block = np.asarray(block).reshape(shape)[tuple(local)].transpose(spec.perm)
+    return np.ascontiguousarray(block.astype(dtype))
+
+  return read
+
+
+@dataclasses.dataclass
+class Pretrained:
+  """A loaded checkpoint: `policy` (the rollout engine's and train step's `Policy`), `params` (placed in the
+  requested shardings), `cfg`, special ids from config.json, and `logits(token_ids)`. Unpacks as (policy, params)."""
+  policy: Policy
+  params: Params
+  cfg: ModelConfig
+  path: pathlib.Path
+  bos_id: Optional[int] = None
+  eos_ids: tuple[int, ...] = ()
+  pad_id: Optional[int] = None
+
+  def __iter__(self):
+    return iter((self.policy, self.params))
+
+  def logits(self, token_ids) -> jax.Array:
+    """fp32 [B, T, V] logits of int token ids [B, T] at positions 0..T-1 (causal: right padding needs no mask)."""
+    if not hasattr(self, "_logits_fn"):
+      policy = self.policy
+      self._logits_fn = jax.jit(lambda p, t: policy.logits(p, policy.forward(p, t)[0]).astype(jnp.float32))
+    return self._logits_fn(self.params, jnp.asarray(token_ids, jnp.int32))
+
+
+def _ids(v) -> tuple[int, ...]:
+  return () if v is None else tuple(int(x) for x in (v if isinstance(v, (list, tuple)) else [v]))
+
+
+def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", mesh: Optional[Mesh] = None,
+                    rules: Mapping[str, Any] = TRAIN_RULES, max_seq_len: Optional[int] = None) -> Pretrained:
+  """Read a Hugging Face checkpoint directory (config.json + model.safetensors or a sharded index) into our policy.
+
+  With `mesh`, each param is placed in the sharding `rules` give its logical axes, every device's block read from
+  disk on its own (`jax.make_array_from_callback`); without, on the default device. Weights are cast to `dtype`
+  (float32 or bfloat16) whatever their dtype on disk. `max_seq_len` defaults to max_position_embeddings."""
+  d = pathlib.Path(path)
+  if not d.is_dir():
+    raise HFCheckpointError(f"{d}: no such checkpoint directory")
+  if dtype not in _NP_DTYPES:
+    raise HFCheckpointError(f"load_pretrained: dtype={dtype!r} is not supported (choose float32 or bfloat16)")
+  hf = _read_json(d / "config.json")
+  cfg = hf_model_config(d / "config.json", dtype=dtype, max_seq_len=max_seq_len)
+  policy = make_policy(cfg)
+  names = hf_name_map(cfg)
+  files = _weight_files(d)
+  wanted = {m.name for m in names.values()}
+  extra = sorted(set(files) - wanted)
+  if extra:
+    shown = ", ".join(f"{n!r} ({files[n].name})" for n in extra[:3]) + (" ..." if len(extra) > 3 else "")
+    raise HFCheckpointError(f"{d}: unexpected tensor(s) this {hf['model_type']} config does not use: {shown}")
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(policy.param_shapes)
+  if mesh is None:
+    device = jax.devices()[0]
+    shardings = [SingleDeviceSharding(device) for _ in leaves]
+  else:
+    shardings = jax.tree.leaves(logical_to_sharding(policy.logical_axes, policy.param_shapes, mesh, rules),
+                                is_leaf=lambda x: isinstance(x, NamedSharding))
+  handles: dict[pathlib.Path, Any] = {}
+  try:
+    out = []
+    for (key_path, shape), sharding in zip(leaves, shardings):
+      spec = names[jax.tree_util.keystr(key_path)]
+      f = files.get(spec.name)
+      if f is None:
+        where = "model.safetensors.index.json" if (d / "model.safetensors.index.json").is_file() else "model.safetensors"
+        raise HFCheckpointError(f"{d / where}: missing tensor {spec.name!r}")
+      if f not in handles:
+        handles[f] = _open(f).__enter__()
+      h = handles[f]
+      try:
+        got = tuple(h.get_slice(spec.name).get_shape())
+      except Exception as e:
+        raise HFCheckpointError(f"{f}: missing tensor {spec.name!r} ({e})") from None
+      if got != spec.stored_shape:
+        raise HFCheckpointError(f"{f}: tensor {spec.name!r} has shape {list(got)}, config.json implies "
+                                f"{list(spec.stored_shape)}")
+      out.append(jax.make_array_from_callback(shape.shape, sharding,
+                                              _block_reader(h, f, spec, _NP_DTYPES[dtype])))
+  finally:
+    for h in handles.values():
+      h.__exit__(None, None, None)
+  params = jax.tree.unflatten(jax.tree.structure(policy.param_shapes), out)
+  gen = d / "generation_config.json"
+  gen_cfg = _read_json(gen) if gen.is_file() else {}
+  pick = lambda k: hf.get(k) if hf.get(k) is not None else gen_cfg.get(k)
+  bos = _ids(pick("bos_token_id"))
+  pad = _ids(pick("pad_token_id"))
+  return Pretrained(policy, params, cfg, d, bos[0] if bos else None, _ids(pick("eos_token_id")),
+                    pad[0] if pad else None)

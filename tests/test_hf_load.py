@@ -1,0 +1,307 @@
+"""Hugging Face checkpoints in (scalerl_jax/model/hf.py) against the committed transformers fixtures
+(tests/fixtures/hf, tools/README.md): config mapping, logit parity per family and rope spelling, sharded and
+half-precision files, loading straight into an fsdp=4 x tensor=2 layout without reading a sharded tensor whole,
+greedy tokens, and every bad-input error naming its file and tensor or key. No torch."""
+
+import json
+import pathlib
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import scalerl_jax
+from scalerl_jax.mesh import make_mesh
+from scalerl_jax.model import hf
+from scalerl_jax.model.hf import HFCheckpointError, hf_model_config, hf_name_map, load_pretrained
+
+ROOT = pathlib.Path(__file__).parent / "fixtures" / "hf"
+FAMILIES = ("llama", "qwen2", "qwen3")
+ALL = FAMILIES + ("qwen3_sharded", "qwen3_bf16", "qwen3_fp16")
+ATOL = 1e-5
+
+
+def reference(name):
+  return load_file(str(ROOT / name / "reference_logits.safetensors"))
+
+
+def max_err(model, name) -> float:
+  ref = reference(name)
+  got = np.asarray(model.logits(ref["input_ids"]))
+  assert got.dtype == np.float32 and got.shape == ref["logits"].shape
+  return float(np.abs(got - ref["logits"])[ref["attention_mask"] == 1].max())
+
+
+@pytest.fixture(scope="module")
+def loaded():
+  cache = {}
+
+  def get(name):
+    if name not in cache:
+      cache[name] = load_pretrained(ROOT / name)
+    return cache[name]
+  return get
+
+
+def flat(params):
+  return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
+def test_config_mapping():
+  llama, qwen2, qwen3 = (hf_model_config(ROOT / n) for n in FAMILIES)
+  assert (llama.hidden, llama.intermediate, llama.num_layers, llama.num_heads, llama.num_kv_heads, llama.head_dim,
+          llama.vocab_size) == (64, 96, 2, 4, 2, 16, 128)
+  assert (llama.rope_theta, llama.rope_scaling, llama.rope_factor, llama.rope_low_freq_factor,
+          llama.rope_high_freq_factor, llama.rope_original_max_positions) == (500000.0, "llama3", 8.0, 1.0, 4.0, 16)
+  assert not llama.tie_embeddings and llama.norm_eps == 1e-5 and llama.max_seq_len == 64
+  assert not llama.qkv_bias and not llama.qk_norm
+  assert qwen2.qkv_bias and not qwen2.qk_norm and qwen2.tie_embeddings and qwen2.head_dim == 12  # hidden / heads
+  assert qwen2.rope_scaling == "default" and qwen2.rope_theta == 1e6 and qwen2.norm_eps == 1e-6
+  assert qwen3.qk_norm and not qwen3.qkv_bias and qwen3.head_dim == 16 != qwen3.hidden // qwen3.num_heads
+  assert hf_model_config(ROOT / "qwen3", max_seq_len=40).max_seq_len == 40
+  as_dict = json.loads((ROOT / "qwen3" / "config.json").read_text())
+  assert hf_model_config(as_dict) == qwen3 == hf_model_config(ROOT / "qwen3" / "config.json")
+  assert scalerl_jax.load_pretrained is load_pretrained and scalerl_jax.hf_model_config is hf_model_config
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_logits_match_transformers(loaded, name):
+  """fp32 parity on every non-pad position. The bf16 / fp16 references are transformers running the rounded
+  weights in fp32, so loading them as float32 (exact: both widen losslessly) keeps the fp32 tolerance."""
+  err = max_err(loaded(name), name)
+  assert err < ATOL, (name, err)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_both_rope_spellings_give_the_same_model(loaded, name, tmp_path):
+  d = tmp_path / name
+  shutil.copytree(ROOT / name, d)
+  shutil.copy(d / "config_v4.json", d / "config.json")
+  assert "rope_parameters" not in json.loads((d / "config.json").read_text())
+  v4 = load_pretrained(d)
+  v5 = loaded(name)
+  assert v4.cfg == v5.cfg
+  a, b = flat(v4.params), flat(v5.params)
+  assert a.keys() == b.keys()
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+  ids = reference(name)["input_ids"]
+  np.testing.assert_array_equal(np.asarray(v4.logits(ids)), np.asarray(v5.logits(ids)))
+  assert max_err(v4, name) < ATOL
+
+
+def test_sharded_checkpoint_equals_single_file(loaded):
+  a, b = flat(loaded("qwen3_sharded").params), flat(loaded("qwen3").params)
+  assert a.keys() == b.keys()
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+@pytest.mark.parametrize("name", ["qwen3_bf16", "qwen3_fp16"])
+def test_half_precision_files(loaded, name):
+  """Loaded as float32 the params are the file's values exactly; loaded as bfloat16 (params and compute in bf16)
+  the logits stay within 0.15 of the reference: bf16 keeps 8 significant bits (relative rounding 2^-9 ~ 0.2 %
+  per op), logits here reach |4| and pass through two blocks of ~10 rounded ops each; measured 0.055 (and 0.060
+  for llama), so 0.15 flags a wrong mapping (errors of order 1) without flaking on rounding."""
+  f32 = loaded(name)
+  disk = load_file(str(ROOT / name / "model.safetensors")) if name == "qwen3_fp16" else None
+  if disk is not None:
+    np.testing.assert_array_equal(flat(f32.params)["['embed']"], disk["model.embed_tokens.weight"].astype(np.float32))
+  bf = load_pretrained(ROOT / name, dtype="bfloat16")
+  assert bf.cfg.dtype == bf.cfg.param_dtype == "bfloat16"
+  assert {x.dtype for x in jax.tree.leaves(bf.params)} == {np.dtype(jax.numpy.bfloat16)}
+  if name == "qwen3_bf16":  # no double rounding: the bf16 params are the file's bits
+    np.testing.assert_array_equal(flat(bf.params)["['embed']"].astype(np.float32),
+                                  flat(f32.params)["['embed']"])
+  assert max_err(bf, name) < 0.15
+
+
+class _Recorder:
+  """Wraps hf.safe_open: records (tensor name, [(start, stop)] per stored dim) of every get_slice read."""
+
+  def __init__(self, real):
+    self.real, self.reads = real, []
+
+  def __call__(self, path, framework="numpy"):
+    rec, handle = self, self.real(path, framework=framework)
+
+    class Slice:
+      def __init__(self, name):
+        self.name, self.inner = name, handle.get_slice(name)
+
+      def get_shape(self):
+        return self.inner.get_shape()
+
+      def __getitem__(self, idx):
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        shape = self.inner.get_shape()
+        rec.reads.append((self.name, [s.indices(n)[:2] for s, n in zip(idx, shape)] +
+                          [(0, n) for n in shape[len(idx):]], list(shape)))
+        return self.inner[idx]
+
+    class Handle:
+      def __enter__(self):
+        return self
+
+      def __exit__(self, *a):
+        return handle.__exit__(*a)
+
+      def keys(self):
+        return handle.keys()
+
+      def get_slice(self, name):
+        return Slice(name)
+
+    handle.__enter__()
+    return Handle()
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3_sharded"])
+def test_loads_straight_into_an_fsdp_tensor_layout(loaded, name, monkeypatch):
+  mesh = make_mesh("fsdp=4,tensor=2")
+  rec = _Recorder(hf.safe_open)
+  monkeypatch.setattr(hf, "safe_open", rec)
+  model = load_pretrained(ROOT / name, mesh=mesh)
+  monkeypatch.undo()
+  full = flat(loaded(name).params)
+  names = hf_name_map(model.cfg)
+  sharded_tensors = set()
+  for path, x in jax.tree_util.tree_flatten_with_path(model.params)[0]:
+    key = jax.tree_util.keystr(path)
+    assert x.sharding.mesh.shape == mesh.shape
+    if any(a is not None for a in x.sharding.spec):
+      sharded_tensors.add(names[key].name)
+    assert len(x.addressable_shards) == 8
+    for shard in x.addressable_shards:
+      np.testing.assert_array_equal(np.asarray(shard.data), full[key][shard.index], err_msg=f"{key} {shard.device}")
+  # the layout shards the embedding, every projection and the MLP (norms stay replicated)
+  assert "model.embed_tokens.weight" in sharded_tensors and "model.layers.1.mlp.down_proj.weight" in sharded_tensors
+  assert "model.layers.0.self_attn.q_proj.weight" in sharded_tensors
+  read_names = {n for n, _, _ in rec.reads}
+  assert read_names == {m.name for m in names.values()}
+  for n, extent, shape in rec.reads:
+    if n in sharded_tensors:
+      assert extent != [(0, s) for s in shape], f"{n} was read whole"
+  assert max_err(model, name) < ATOL  # sharded matmuls sum in another order: equal to rounding, not bitwise
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_greedy_tokens_match_transformers_generate(loaded, name):
+  """Full forwards + argmax over one fixed [1, W] row (causal: tokens after the last position do not change it)."""
+  model = loaded(name)
+  gen = json.loads((ROOT / name / "reference.json").read_text())["generate"]
+  eos = set(gen["eos_token_ids"])
+  assert set(model.eos_ids) == eos
+  W = max(len(p["prompt_ids"]) for p in gen["prompts"]) + gen["max_new_tokens"]
+  for p in gen["prompts"]:
+    row = list(p["prompt_ids"])
+    new = []
+    while len(new) < gen["max_new_tokens"]:
+      padded = np.full((1, W), model.pad_id, np.int32)
+      padded[0, :len(row)] = row
+      nxt = int(np.argmax(np.asarray(model.logits(padded))[0, len(row) - 1]))
+      new.append(nxt)
+      row.append(nxt)
+      if nxt in eos:
+        break
+    assert new == p["new_ids"], (name, p["prompt"])
+
+
+# ---- bad input: each error names the file and the tensor or key ----
+
+def copy_of(tmp_path, name="qwen3"):
+  d = tmp_path / name
+  shutil.copytree(ROOT / name, d)
+  return d
+
+
+def edit_config(d, **changes):
+  cfg = json.loads((d / "config.json").read_text())
+  for k, v in changes.items():
+    if v is None:
+      cfg.pop(k, None)
+    else:
+      cfg[k] = v
+  (d / "config.json").write_text(json.dumps(cfg))
+
+
+def expect(d, *fragments, **kw):
+  with pytest.raises(HFCheckpointError) as e:
+    load_pretrained(d, **kw)
+  assert isinstance(e.value, ValueError)
+  for f in fragments:
+    assert f in str(e.value), (f, str(e.value))
+
+
+def test_missing_config_and_weights(tmp_path):
+  d = copy_of(tmp_path)
+  (d / "config.json").unlink()
+  expect(d, str(d / "config.json"))
+  d = copy_of(tmp_path, "qwen2")
+  (d / "model.safetensors").unlink()
+  expect(d, str(d / "model.safetensors"))
+  d = copy_of(tmp_path, "qwen3_sharded")
+  (d / "model-00003-of-00004.safetensors").unlink()
+  expect(d, "model-00003-of-00004.safetensors", "model.safetensors.index.json")
+  expect(tmp_path / "nowhere", "nowhere")
+
+
+@pytest.mark.parametrize("name,file", [("qwen3", "model.safetensors"),
+                                       ("qwen3_sharded", "model-00002-of-00004.safetensors")])
+def test_truncated_weights(tmp_path, name, file):
+  d = copy_of(tmp_path, name)
+  data = (d / file).read_bytes()
+  for cut in (len(data) - 64, 40):
+    (d / file).write_bytes(data[:cut])
+    expect(d, str(d / file))
+
+
+def rewrite(d, change):
+  tensors = load_file(str(d / "model.safetensors"))
+  change(tensors)
+  save_file(tensors, str(d / "model.safetensors"))
+
+
+def test_missing_wrong_shape_and_extra_tensors(tmp_path):
+  d = copy_of(tmp_path)
+  rewrite(d, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
+  expect(d, str(d / "model.safetensors"), "model.layers.1.mlp.up_proj.weight", "missing")
+  d = copy_of(tmp_path / "b")
+  rewrite(d, lambda t: t.update({"model.layers.0.self_attn.k_proj.weight":
+                                 t["model.layers.0.self_attn.k_proj.weight"][:16]}))
+  expect(d, str(d / "model.safetensors"), "model.layers.0.self_attn.k_proj.weight", "[16, 32]", "[32, 32]")
+  d = copy_of(tmp_path / "c")
+  rewrite(d, lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"].copy()}))  # tied: no lm_head
+  expect(d, "lm_head.weight", "model.safetensors", "unexpected")
+  d = copy_of(tmp_path / "d", "qwen3_sharded")
+  index = json.loads((d / "model.safetensors.index.json").read_text())
+  index["weight_map"]["model.layers.0.self_attn.q_norm.weight"] = "model-00004-of-00004.safetensors"
+  (d / "model.safetensors.index.json").write_text(json.dumps(index))
+  expect(d, "model-00004-of-00004.safetensors", "model.layers.0.self_attn.q_norm.weight")
+
+
+@pytest.mark.parametrize("name,changes,fragments", [
+  ("qwen3", {"model_type": "mistral"}, ["model_type", "mistral"]),
+  ("qwen3", {"rope_parameters": {"rope_theta": 1e6, "rope_type": "yarn", "factor": 4.0}},
+   ["rope_parameters.rope_type", "yarn"]),
+  ("qwen3", {"rope_parameters": None, "rope_theta": 1e4, "rope_scaling": {"type": "linear", "factor": 2.0}},
+   ["rope_scaling.rope_type", "linear"]),
+  ("qwen2", {"use_sliding_window": True, "sliding_window": 16}, ["use_sliding_window", "True"]),
+  ("qwen3", {"layer_types": ["full_attention", "sliding_attention"]}, ["layer_types", "sliding_attention"]),
+  ("llama", {"attention_bias": True}, ["attention_bias", "True"]),
+  ("qwen3", {"attention_bias": True}, ["attention_bias", "True"]),
+  ("llama", {"mlp_bias": True}, ["mlp_bias", "True"]),
+  ("qwen3", {"partial_rotary_factor": 0.5}, ["partial_rotary_factor", "0.5"]),
+  ("llama", {"rope_parameters": {"rope_theta": 1e4, "rope_type": "default", "partial_rotary_factor": 0.25}},
+   ["rope_parameters.partial_rotary_factor", "0.25"]),
+  ("llama", {"hidden_act": "gelu"}, ["hidden_act", "gelu"]),
+  ("qwen3", {"hidden_size": None}, ["hidden_size"]),
+])
+def test_unsupported_configs_are_refused(tmp_path, name, changes, fragments):
+  d = copy_of(tmp_path, name)
+  edit_config(d, **changes)
+  expect(d, str(d / "config.json"), *fragments)
+  with pytest.raises(HFCheckpointError):
+    hf_model_config(d)
