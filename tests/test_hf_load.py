@@ -13,9 +13,13 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import scalerl_jax
+from scalerl_jax import mesh as mesh_lib
+from scalerl_jax.config import InterruptionConfig, RolloutConfig
 from scalerl_jax.mesh import make_mesh
 from scalerl_jax.model import hf
 from scalerl_jax.model.hf import HFCheckpointError, hf_model_config, hf_name_map, load_pretrained
+from scalerl_jax.rollout.engine import Engine
+from scalerl_jax.rollout.sampling import GREEDY
 
 ROOT = pathlib.Path(__file__).parent / "fixtures" / "hf"
 FAMILIES = ("llama", "qwen2", "qwen3")
@@ -187,6 +191,34 @@ def test_loads_straight_into_an_fsdp_tensor_layout(loaded, name, monkeypatch):
   assert max_err(model, name) < ATOL  # sharded matmuls sum in another order: equal to rounding, not bitwise
 
 
+@pytest.mark.parametrize("rules", ["rollout", "head_dim"])
+def test_other_layouts_place_the_same_blocks(loaded, rules):
+  """The rollout layout (no FSDP), and one that shards head_dim (an inner factor of q_proj's rows: read whole
+  heads, sliced on the host) over an fsdp=2 x tensor=4 mesh."""
+  table = mesh_lib.ROLLOUT_RULES if rules == "rollout" else {**mesh_lib.TRAIN_RULES, "heads": None,
+                                                             "kv_heads": None, "head_dim": "tensor"}
+  mesh = make_mesh("data=2,tensor=4" if rules == "rollout" else "fsdp=2,tensor=4",
+                   allowed=mesh_lib.ROLLOUT_AXES if rules == "rollout" else mesh_lib.TRAIN_AXES)
+  model = load_pretrained(ROOT / "qwen2", mesh=mesh, rules=table)
+  full = flat(loaded("qwen2").params)
+  if rules == "head_dim":
+    assert model.params["blocks"][0]["attn"]["q"].sharding.spec == jax.sharding.PartitionSpec("fsdp", None, "tensor")
+  for path, x in jax.tree_util.tree_flatten_with_path(model.params)[0]:
+    for shard in x.addressable_shards:
+      np.testing.assert_array_equal(np.asarray(shard.data), full[jax.tree_util.keystr(path)][shard.index])
+
+
+def test_a_bad_tensor_is_found_before_any_data_is_read(tmp_path, monkeypatch):
+  d = copy_of(tmp_path, "qwen3_sharded")
+  index = json.loads((d / "model.safetensors.index.json").read_text())
+  del index["weight_map"]["model.layers.1.mlp.down_proj.weight"]
+  (d / "model.safetensors.index.json").write_text(json.dumps(index))
+  rec = _Recorder(hf.safe_open)
+  monkeypatch.setattr(hf, "safe_open", rec)
+  expect(d, str(d / "model.safetensors.index.json"), "model.layers.1.mlp.down_proj.weight", "missing")
+  assert rec.reads == []
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_greedy_tokens_match_transformers_generate(loaded, name):
   """Full forwards + argmax over one fixed [1, W] row (causal: tokens after the last position do not change it)."""
@@ -274,7 +306,13 @@ def test_missing_wrong_shape_and_extra_tensors(tmp_path):
   expect(d, str(d / "model.safetensors"), "model.layers.0.self_attn.k_proj.weight", "[16, 32]", "[32, 32]")
   d = copy_of(tmp_path / "c")
   rewrite(d, lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"].copy()}))  # tied: no lm_head
-  expect(d, "lm_head.weight", "model.safetensors", "unexpected")
+  expect(d, "lm_head.weight", "model.safetensors", "unexpected", "tie_word_embeddings")
+  d = copy_of(tmp_path / "e", "llama")  # untied: dropping the head is a missing tensor
+  rewrite(d, lambda t: t.pop("lm_head.weight"))
+  expect(d, "lm_head.weight", str(d / "model.safetensors"), "missing")
+  d = copy_of(tmp_path / "f", "llama")  # an old inv_freq buffer is recomputed, not refused
+  rewrite(d, lambda t: t.update({"model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(8, np.float32)}))
+  assert max_err(load_pretrained(d), "llama") < ATOL
   d = copy_of(tmp_path / "d", "qwen3_sharded")
   index = json.loads((d / "model.safetensors.index.json").read_text())
   index["weight_map"]["model.layers.0.self_attn.q_norm.weight"] = "model-00004-of-00004.safetensors"
@@ -298,6 +336,11 @@ def test_missing_wrong_shape_and_extra_tensors(tmp_path):
    ["rope_parameters.partial_rotary_factor", "0.25"]),
   ("llama", {"hidden_act": "gelu"}, ["hidden_act", "gelu"]),
   ("qwen3", {"hidden_size": None}, ["hidden_size"]),
+  ("qwen3", {"head_dim": 15}, ["head_dim", "15"]),
+  ("qwen3", {"rope_parameters": {"full_attention": {"rope_theta": 1e4, "rope_type": "default"}}},
+   ["rope_parameters", "full_attention"]),
+  ("llama", {"rope_parameters": {"rope_theta": 1e4, "rope_type": "llama3", "factor": 8.0}},
+   ["rope_parameters", "low_freq_factor"]),
 ])
 def test_unsupported_configs_are_refused(tmp_path, name, changes, fragments):
   d = copy_of(tmp_path, name)
@@ -305,3 +348,29 @@ def test_unsupported_configs_are_refused(tmp_path, name, changes, fragments):
   expect(d, str(d / "config.json"), *fragments)
   with pytest.raises(HFCheckpointError):
     hf_model_config(d)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_rollout_engine_at_temperature_0_reproduces_generate(loaded, name):
+  """The imported policy works unchanged in the rollout engine (KV-cache decode, stop on any EOS id)."""
+  model = loaded(name)
+  gen = json.loads((ROOT / name / "reference.json").read_text())["generate"]
+  prompts = [np.asarray(p["prompt_ids"], np.int32) for p in gen["prompts"]]
+  L, N = max(len(p) for p in prompts), gen["max_new_tokens"]
+  assert L + N <= model.cfg.max_seq_len
+  cfg = RolloutConfig(max_slots=4, max_prefill_len=L, prefill_buckets=(L,), max_new_tokens=N, decode_chunk=N,
+                      interruption=InterruptionConfig(enabled=False))
+  engine = Engine(model.policy, cfg, mesh_lib.make_mesh("data=1", jax.devices()[:1], mesh_lib.ROLLOUT_AXES),
+                  stop_ids=model.eos_ids)
+  params = jax.device_put(model.params, engine.param_shardings)
+  state = engine.prefill_insert(params, engine.init_decode_state(), prompts, np.arange(3), np.arange(3),
+                                np.arange(3), np.zeros(3, np.int32), jax.random.key(0))
+  new = [[] for _ in prompts]
+  for _ in range(N):
+    state, res = engine.generate(params, state, 0, N, GREEDY)
+    res = jax.device_get(res)
+    for b in range(len(prompts)):
+      new[b] += res.tokens_BN[b][res.valid_BN[b]].tolist()
+    if not np.asarray(state.active_B).any():
+      break
+  assert new == [p["new_ids"] for p in gen["prompts"]]

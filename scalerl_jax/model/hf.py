@@ -57,22 +57,24 @@ def _rope(hf: dict, where: str) -> dict:
   else:
     key, rp = "rope_scaling", dict(hf.get("rope_scaling") or {})
     theta = hf.get("rope_theta", 10000.0)
+  nested = sorted(k for k, v in rp.items() if isinstance(v, dict))
+  if nested:  # transformers 5 spells per-layer-type rope as {layer type: parameters}
+    raise HFCheckpointError(f"{where}: {key} holds per-layer-type parameters {nested}: not supported")
   rope_type = rp.get("rope_type", rp.get("type", "default"))
   out: dict[str, Any] = {"rope_theta": float(theta)}
   if rope_type == "llama3":
     try:
-      out.update(rope_scaling="llama3", rope_factor=float(rp["factor"]), rope_low_freq_factor=float(rp["low_freq_factor"]),
-                 rope_high_freq_factor=float(rp["high_freq_factor"]),
+      out.update(rope_scaling="llama3", rope_factor=float(rp["factor"]),
+                 rope_low_freq_factor=float(rp["low_freq_factor"]), rope_high_freq_factor=float(rp["high_freq_factor"]),
                  rope_original_max_positions=int(rp["original_max_position_embeddings"]))
     except KeyError as e:
       raise HFCheckpointError(f"{where}: {key} of rope_type 'llama3' lacks {e.args[0]!r}") from None
   elif rope_type != "default":
     raise HFCheckpointError(f"{where}: {key}.rope_type={rope_type!r} is not supported (supported: default, llama3)")
-  for k in ("partial_rotary_factor",):
-    for src, val in ((key, rp.get(k)), (k, hf.get(k))):
-      if val is not None and float(val) < 1:
-        raise HFCheckpointError(f"{where}: {src if src == k else key + '.' + k}={val!r} (partial rotary embeddings) "
-                                "is not supported")
+  for name, val in ((key + ".partial_rotary_factor", rp.get("partial_rotary_factor")),
+                    ("partial_rotary_factor", hf.get("partial_rotary_factor"))):
+    if val is not None and float(val) < 1:
+      raise HFCheckpointError(f"{where}: {name}={val!r} (partial rotary embeddings) is not supported")
   return out
 
 
@@ -110,10 +112,13 @@ def hf_model_config(path_or_dict: str | os.PathLike | Mapping, *, dtype: str = "
                   num_kv_heads=int(hf.get("num_key_value_heads") or heads),
                   head_dim=int(hf.get("head_dim") or D // heads),
                   norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                  tie_embeddings=bool(hf.get("tie_word_embeddings", family != "llama")),
+                  # absent: transformers' default for all three families (False)
+                  tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
                   max_seq_len=int(max_seq_len or hf["max_position_embeddings"]))
   except KeyError as e:
     raise HFCheckpointError(f"{where}: lacks the key {e.args[0]!r}") from None
+  if fields["head_dim"] % 2:
+    raise HFCheckpointError(f"{where}: head_dim={fields['head_dim']} is odd: rotary embeddings need an even one")
   if fields["num_heads"] % fields["num_kv_heads"]:
     raise HFCheckpointError(f"{where}: num_attention_heads={heads} is not a multiple of "
                             f"num_key_value_heads={fields['num_kv_heads']}")
@@ -260,38 +265,42 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", mesh: Op
   names = hf_name_map(cfg)
   files = _weight_files(d)
   wanted = {m.name for m in names.values()}
-  extra = sorted(set(files) - wanted)
+  # rotary_emb.inv_freq: a buffer some older Llama checkpoints saved; it is recomputed from the config
+  extra = sorted(n for n in set(files) - wanted if not n.endswith(".rotary_emb.inv_freq"))
   if extra:
-    shown = ", ".join(f"{n!r} ({files[n].name})" for n in extra[:3]) + (" ..." if len(extra) > 3 else "")
-    raise HFCheckpointError(f"{d}: unexpected tensor(s) this {hf['model_type']} config does not use: {shown}")
-  leaves, treedef = jax.tree_util.tree_flatten_with_path(policy.param_shapes)
+    shown = ", ".join(f"{n!r} ({files[n]})" for n in extra[:3])
+    shown += f" and {len(extra) - 3} more" if len(extra) > 3 else ""
+    tied = " (config.json has tie_word_embeddings=true: the head is the embedding)" if (
+        "lm_head.weight" in extra and cfg.tie_embeddings) else ""
+    raise HFCheckpointError(f"{d}: unexpected tensor(s) this {hf['model_type']} config does not use: {shown}{tied}")
+  leaves = jax.tree_util.tree_flatten_with_path(policy.param_shapes)[0]
   if mesh is None:
-    device = jax.devices()[0]
-    shardings = [SingleDeviceSharding(device) for _ in leaves]
+    shardings = [SingleDeviceSharding(jax.devices()[0]) for _ in leaves]
   else:
     shardings = jax.tree.leaves(logical_to_sharding(policy.logical_axes, policy.param_shapes, mesh, rules),
                                 is_leaf=lambda x: isinstance(x, NamedSharding))
+  index = d / "model.safetensors.index.json"
   handles: dict[pathlib.Path, Any] = {}
   try:
-    out = []
-    for (key_path, shape), sharding in zip(leaves, shardings):
+    specs = []  # every name and shape is checked (headers only) before any tensor data is read
+    for key_path, _ in leaves:
       spec = names[jax.tree_util.keystr(key_path)]
       f = files.get(spec.name)
       if f is None:
-        where = "model.safetensors.index.json" if (d / "model.safetensors.index.json").is_file() else "model.safetensors"
-        raise HFCheckpointError(f"{d / where}: missing tensor {spec.name!r}")
+        raise HFCheckpointError(f"{index if index.is_file() else d / 'model.safetensors'}: "
+                                f"missing tensor {spec.name!r}")
       if f not in handles:
         handles[f] = _open(f).__enter__()
-      h = handles[f]
       try:
-        got = tuple(h.get_slice(spec.name).get_shape())
+        got = tuple(handles[f].get_slice(spec.name).get_shape())
       except Exception as e:
         raise HFCheckpointError(f"{f}: missing tensor {spec.name!r} ({e})") from None
       if got != spec.stored_shape:
         raise HFCheckpointError(f"{f}: tensor {spec.name!r} has shape {list(got)}, config.json implies "
                                 f"{list(spec.stored_shape)}")
-      out.append(jax.make_array_from_callback(shape.shape, sharding,
-                                              _block_reader(h, f, spec, _NP_DTYPES[dtype])))
+      specs.append((spec, f))
+    out = [jax.make_array_from_callback(shape.shape, sharding, _block_reader(handles[f], f, spec, _NP_DTYPES[dtype]))
+           for (_, shape), sharding, (spec, f) in zip(leaves, shardings, specs)]
   finally:
     for h in handles.values():
       h.__exit__(None, None, None)
