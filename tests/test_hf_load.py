@@ -14,12 +14,15 @@ from safetensors.numpy import load_file, save_file
 
 import scalerl_jax
 from scalerl_jax import mesh as mesh_lib
-from scalerl_jax.config import InterruptionConfig, RolloutConfig
+from scalerl_jax.config import InterruptionConfig, OptimizerConfig, RolloutConfig
 from scalerl_jax.mesh import make_mesh
 from scalerl_jax.model import hf
 from scalerl_jax.model.hf import HFCheckpointError, hf_model_config, hf_name_map, load_pretrained
 from scalerl_jax.rollout.engine import Engine
+from scalerl_jax.model import next_token_loss
 from scalerl_jax.rollout.sampling import GREEDY
+from scalerl_jax.train.state import init_train_state, make_optimizer, state_shardings
+from scalerl_jax.train.step import make_train_step
 
 ROOT = pathlib.Path(__file__).parent / "fixtures" / "hf"
 FAMILIES = ("llama", "qwen2", "qwen3")
@@ -374,3 +377,31 @@ def test_rollout_engine_at_temperature_0_reproduces_generate(loaded, name):
     if not np.asarray(state.active_B).any():
       break
   assert new == [p["new_ids"] for p in gen["prompts"]]
+
+
+def test_train_step_on_the_imported_layout():
+  """Loaded onto fsdp=4 x tensor=2, the params are already the train state's shardings; one step's loss is the
+  next-token NLL of transformers' own logits on the fixture batch (pads weighted 0), and the step moves them."""
+  mesh = make_mesh("fsdp=4,tensor=2")
+  layout = mesh_lib.Layout(mesh, mesh_lib.TRAIN_RULES)
+  model = load_pretrained(ROOT / "qwen3", mesh=mesh)
+  opt = make_optimizer(OptimizerConfig(lr=1e-3, warmup_steps=0))
+  shardings = state_shardings(model.policy, opt, layout)
+  assert jax.tree.leaves(jax.tree.map(lambda x, s: x.sharding == s, model.params, shardings.params)) == [True] * len(
+    jax.tree.leaves(model.params))
+  before = flat(model.params)
+  state = init_train_state(model.policy, opt, layout, seed=0, params=model.params)
+  ref = reference("qwen3")
+  mask = ref["attention_mask"].astype(np.float32)
+  weights = mask.copy()
+  weights[:, 0] = 0.0
+  weights /= weights.sum()
+  ids = ref["input_ids"].astype(np.int32)
+  logp = ref["logits"] - np.log(np.exp(ref["logits"]).sum(-1, keepdims=True))
+  want = -float((np.take_along_axis(logp[:, :-1], ids[:, 1:, None], -1)[..., 0] * weights[:, 1:]).sum())
+  bsh = layout.batch(2, ids.shape[0])
+  step = make_train_step(lambda p, b: next_token_loss(model.policy, p, b["tokens"], b["weights"]), opt, 1, shardings,
+                         {"tokens": bsh, "weights": bsh})
+  state, metrics = step(state, jax.device_put({"tokens": ids, "weights": weights}, bsh))
+  assert abs(float(metrics["loss"]) - want) < 1e-5, (float(metrics["loss"]), want)
+  assert float(np.abs(flat(state.params)["['embed']"] - before["['embed']"]).max()) > 0
