@@ -25,6 +25,7 @@ set on setup and advanced by `consume`. Step s trains on batch s and turns versi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import pathlib
 import threading
 import time
@@ -33,7 +34,7 @@ from typing import Any, Optional, Sequence
 import jax
 
 from scalerl_jax import distributed, faults, rl, types
-from scalerl_jax.config import ConfigError, RunConfig, to_yaml, validate_with_tokenizer
+from scalerl_jax.config import ConfigError, RunConfig, to_yaml, validate, validate_with_tokenizer
 from scalerl_jax.errors import UserError
 from scalerl_jax.data.npr import NPRState
 from scalerl_jax.data.prompt_stream import PromptsExhausted, PromptStream, encode_records
@@ -68,6 +69,12 @@ _PROCESS_SEED_STRIDE = 1_000_003  # driver seed of process i: seed + i * stride 
 class RLJob:
 
   def __init__(self, cfg: RunConfig, progress: Optional[bool] = None):
+    if cfg.model.pretrained:  # the architecture is the checkpoint's: read it from its config.json
+      from scalerl_jax.model.hf import hf_model_config
+      m = cfg.model
+      arch = hf_model_config(m.pretrained, dtype=m.dtype, max_seq_len=m.max_seq_len)
+      cfg = validate(dataclasses.replace(cfg, model=dataclasses.replace(
+          arch, pretrained=m.pretrained, fp32_lm_head=m.fp32_lm_head)))
     self.cfg, d, r = cfg, cfg.data, cfg.rollout
     self.progress = cfg.logging.progress if progress is None else progress
     self.run_dir = pathlib.Path(cfg.run_dir)
@@ -170,7 +177,12 @@ class RLJob:
       self.summary["resumed_from"] = self.start_step
     else:
       params = None
-      if self.cfg.warm_start.enabled and self.cfg.data.task != "file":
+      if self.cfg.model.pretrained:
+        from scalerl_jax.model.hf import load_pretrained
+        m = self.cfg.model
+        params = load_pretrained(m.pretrained, dtype=m.param_dtype, mesh=self.trainer_layout.mesh,
+                                 rules=self.trainer_layout.rules, max_seq_len=m.max_seq_len).params
+      elif self.cfg.warm_start.enabled and self.cfg.data.task != "file":
         params, info = warm_start(self.cfg, self.policy, self.trainer_layout, self.task, self.tokenizer,
                                   progress=self.progress)
         self.summary.update(info)

@@ -1,0 +1,55 @@
+"""configs/math_hf.yaml end to end on an imported checkpoint: the tiny Qwen3 fixture (tests/fixtures/hf/qwen3) and a
+generated 50-row GSM8K-style JSONL run three RL steps through the whole pipeline (rollouts, math-verify rewards in
+the reward workers, train steps, a checkpoint), then resume for a fourth."""
+
+import json
+import pathlib
+
+import jax
+import numpy as np
+
+from scalerl_jax.config import load_config
+from scalerl_jax.model.hf import load_pretrained
+from scalerl_jax.pipeline.job import RLJob
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+QWEN3 = ROOT / "tests" / "fixtures" / "hf" / "qwen3"
+TINY = ["rollout.max_slots=16", "rollout.max_prefill_len=48", "rollout.prefill_buckets=[48]",
+        "rollout.max_new_tokens=12", "rollout.decode_chunk=4", "rollout.interruption.think_budget_min=4",
+        "rollout.interruption.think_budget_max=6", "rollout.interruption.answer_budget=4",
+        "rollout.interruption.phrase=is", "model.max_seq_len=64", "model.dtype=float32",
+        "data.prompts_per_step=4", "data.samples_per_prompt=2", "data.num_eval=4", "data.long_prompts=truncate",
+        "pipeline.eval_every=2", "pipeline.eval_samples=1", "checkpoint.every_steps=2", "logging.tensorboard=false",
+        "logging.progress=false", "mesh.generator_devices=4", "mesh.spec=data=-1", "mesh.generator_spec=data=-1",
+        f"model.pretrained={QWEN3}", f"data.tokenizer={QWEN3 / 'tokenizer.json'}"]
+
+
+def _rows(path: pathlib.Path) -> pathlib.Path:
+  rng = np.random.default_rng(0)
+  with path.open("w") as f:
+    for i in range(50):
+      a, b = (int(x) for x in rng.integers(1, 50, 2))
+      f.write(json.dumps({"question": f"Sara has {a} apples and buys {b} more. How many apples does she have?",
+                          "answer": f"{a}+{b} = <<{a}+{b}={a + b}>>{a + b}\n#### {a + b}"}) + "\n")
+  return path
+
+
+def test_math_hf_recipe_trains_an_imported_checkpoint_and_resumes(tmp_path):
+  data = _rows(tmp_path / "train.jsonl")
+  overrides = [f"run_dir={tmp_path / 'run'}", f"data.path={data}", *TINY]
+  job = RLJob(load_config(ROOT / "configs" / "math_hf.yaml", [*overrides, "pipeline.steps=3"]), progress=False)
+  assert job.cfg.model.qk_norm and job.cfg.model.head_dim == 16  # the architecture came from config.json
+  imported = load_pretrained(QWEN3).params
+  job.setup()
+  for a, b in zip(jax.tree.leaves(job.state.params), jax.tree.leaves(imported)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # training starts from the checkpoint's weights
+  job._lock.release()
+  job.run()
+  lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  assert [l["step"] for l in lines] == [0, 1, 2, 3] and all("train/loss" in l for l in lines[1:])
+  assert job.ckpt.latest_step() == 3
+  resumed = RLJob(load_config(ROOT / "configs" / "math_hf.yaml", [*overrides, "pipeline.steps=4"]), progress=False)
+  resumed.run()
+  assert resumed.start_step == 3 and resumed.ckpt.latest_step() == 4
+  prompts = [json.loads(l)["step"] for l in (tmp_path / "run" / "consumed_prompts.jsonl").read_text().splitlines()]
+  assert prompts == [0, 1, 2, 3]
