@@ -1,0 +1,96 @@
+"""Export a run's policy as a Hugging Face checkpoint (safetensors + config.json + tokenizer files).
+
+  python launch/export.py RUN_DIR --out DIR [--step N] [--dtype float32|bfloat16|float16] [--source HF_DIR]
+                          [--family llama|qwen2|qwen3]
+
+Reads RUN_DIR/config.yaml, restores the params of the latest intact checkpoint (or exactly checkpoint --step N) on
+one device and writes them with `scalerl_jax.model.hf_export.export_pretrained`. --source: the Hugging Face
+checkpoint the run's model was imported from (its family, special ids and tokenizer files are taken from it); a
+run without one needs --family. A user error prints as `export.py: error: ...` and exits 2.
+"""
+
+import argparse
+import pathlib
+import sys
+
+from scalerl_jax.errors import UserError
+from scalerl_jax.logs import setup_logging
+
+PROG = "export.py"
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog=PROG)
+  p.add_argument("run_dir", metavar="RUN_DIR")
+  p.add_argument("--out", required=True, metavar="DIR", help="the Hugging Face checkpoint directory to write")
+  p.add_argument("--step", type=int, help="export exactly this checkpoint (default: the latest intact one)")
+  p.add_argument("--dtype", default="float32", help="weights' dtype on disk: float32, bfloat16 (bf16) or float16")
+  p.add_argument("--source", metavar="HF_DIR", help="the Hugging Face checkpoint the run's model was imported from")
+  p.add_argument("--family", help="llama, qwen2 or qwen3 (default: --source's model_type)")
+  p.add_argument("--verbose", action="store_true", help="also show the libraries' INFO logs (jax, orbax, ...)")
+  return p.parse_args(argv)
+
+
+def fail(message: str) -> None:
+  sys.stderr.write(f"{PROG}: error: {message}\n")
+  raise SystemExit(2)
+
+
+def restore_params(run_dir: pathlib.Path, step=None):
+  """(step, params, run config) of the run's checkpoint, restored on one device."""
+  import jax
+
+  from scalerl_jax.config import load_config
+  from scalerl_jax.mesh import TRAIN_RULES, Layout, make_mesh
+  from scalerl_jax.model import make_policy
+  from scalerl_jax.train.checkpoint import RunCheckpointer
+  from scalerl_jax.train.state import make_optimizer, restore_target, state_shardings
+
+  if not (run_dir / "config.yaml").is_file():
+    raise UserError(f"{run_dir / 'config.yaml'}: no such file (is {run_dir} a run directory?)")
+  cfg = load_config(run_dir / "config.yaml")
+  ckpt_dir = run_dir / "checkpoints"
+  if not ckpt_dir.is_dir() or not any(p.name.isdigit() for p in ckpt_dir.iterdir()):
+    raise UserError(f"no checkpoint in {ckpt_dir}")
+  policy, optimizer = make_policy(cfg.model), make_optimizer(cfg.optimizer)
+  layout = Layout(make_mesh("data=1,fsdp=1,tensor=1,expert=1", jax.devices()[:1]), TRAIN_RULES)
+  target = restore_target(policy, optimizer, state_shardings(policy, optimizer, layout))
+  ckpt = RunCheckpointer(ckpt_dir, cfg.checkpoint.keep)
+  try:
+    if step is None:
+      found = ckpt.restore_latest_intact(target, cfg)
+      if found is None:
+        raise UserError(f"no checkpoint in {ckpt_dir}")
+      step, state, _ = found
+    else:
+      if step not in ckpt.all_steps():
+        raise UserError(f"no checkpoint {step} in {ckpt_dir} (there are: {', '.join(map(str, ckpt.all_steps()))})")
+      state, _ = ckpt.restore(target, cfg, step)
+  finally:
+    ckpt.close()
+  return step, state.params, cfg
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  setup_logging(args.verbose)
+  from scalerl_jax.model.hf_export import FAMILIES, export_dtype, export_pretrained
+  try:
+    dtype = export_dtype(args.dtype)
+    if args.family is not None and args.family not in FAMILIES:
+      raise UserError(f"--family {args.family!r} is not a family we export (choose {', '.join(FAMILIES)})")
+    if args.family is None and args.source is None:
+      raise UserError("the run's Hugging Face family is unknown: pass --source HF_DIR (the checkpoint it was "
+                      f"imported from) or --family ({' | '.join(FAMILIES)})")
+    step, params, cfg = restore_params(pathlib.Path(args.run_dir), args.step)
+    out = export_pretrained(params, cfg.model, args.out, dtype=dtype, family=args.family, source_dir=args.source)
+  except UserError as e:
+    fail(str(e))
+  except OSError as e:
+    fail(f"cannot write {args.out}: {e.strerror or e}")
+  print(f"exported checkpoint {step} of {args.run_dir} to {out} ({dtype})")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

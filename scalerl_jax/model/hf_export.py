@@ -1,0 +1,193 @@
+"""Hugging Face checkpoints out: our params -> safetensors with transformers' tensor names, a `config.json` that
+transformers 5 loads for the family (llama / qwen2 / qwen3), and the tokenizer files of the checkpoint it came from.
+
+The names, transposes and reshapes are `hf.hf_name_map` run backwards (one table for both directions): our param
+is `stored.reshape(split).transpose(perm)`, so the stored tensor is `ours.transpose(argsort(perm))
+.reshape(stored_shape)`. `load_pretrained(export_pretrained(params, ...))` gives back the same params bit for bit
+(fp32 on disk; a bf16 / fp16 export is the params rounded to nearest even).
+
+config.json is written in transformers 5's spelling (what `save_pretrained` writes; the fixtures' config.json):
+rope in `rope_parameters` (with `rope_theta` inside, no top-level `rope_theta` / `rope_scaling`) and `dtype`.
+Differences from what transformers writes for the same model: no `transformers_version`; bos / eos / pad ids only
+when the source checkpoint's config.json has them; `head_dim` for qwen2 only when it is not hidden / heads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import shutil
+from typing import Any, Optional
+
+import jax
+import ml_dtypes
+import numpy as np
+from safetensors.numpy import save_file
+
+from scalerl_jax.config import ModelConfig
+from scalerl_jax.errors import UserError
+from scalerl_jax.model.hf import FAMILIES, _read_json, hf_model_config, hf_name_map
+
+DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "f16": "float16"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# copied from source_dir when present (the tokenizer, its chat template, generation defaults)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
+                   "special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.json", "merges.txt")
+SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+MAX_SHARD_BYTES = 4 << 30
+
+
+class HFExportError(UserError, ValueError):
+  """Params we cannot export as the requested Hugging Face family; the message names the setting."""
+
+
+def export_dtype(dtype: str) -> str:
+  """The canonical name of an export dtype (float32 / bfloat16 / float16; fp32, bf16, fp16 accepted)."""
+  name = DTYPE_ALIASES.get(dtype, dtype)
+  if name not in DTYPES:
+    raise HFExportError(f"dtype={dtype!r} is not an export dtype (choose float32, bfloat16 or float16)")
+  return name
+
+
+def check_family(cfg: ModelConfig, family: str) -> None:
+  """HFExportError unless `family`'s transformers class computes exactly the model `cfg` describes."""
+  if family not in FAMILIES:
+    raise HFExportError(f"family={family!r} is not a Hugging Face family we export (choose {', '.join(FAMILIES)})")
+  if cfg.family != "dense":
+    raise HFExportError(f"model.family={cfg.family!r}: only the dense family exports to {family}")
+  wants = {"llama": (False, False), "qwen2": (True, False), "qwen3": (False, True)}[family]
+  for key, have, want in (("model.qkv_bias", cfg.qkv_bias, wants[0]), ("model.qk_norm", cfg.qk_norm, wants[1])):
+    if have != want:
+      fits = [f for f, w in (("llama", (False, False)), ("qwen2", (True, False)), ("qwen3", (False, True)))
+              if w == (cfg.qkv_bias, cfg.qk_norm)]
+      raise HFExportError(f"{key}={have} but {family} has {key.split('.')[1]}={want}"
+                          + (f" (this model exports as {fits[0]})" if fits else " (no family we export has both)"))
+
+
+def hf_config(cfg: ModelConfig, family: str, *, dtype: str = "float32",
+              source: Optional[dict] = None) -> dict[str, Any]:
+  """The config.json dict for `cfg` as `family` (transformers 5 spelling). `source`: the config.json of the
+  checkpoint the params came from (its special ids and max_position_embeddings are kept)."""
+  check_family(cfg, family)
+  source = source or {}
+  rope: dict[str, Any] = {"rope_theta": float(cfg.rope_theta), "rope_type": "default"}
+  if cfg.rope_scaling == "llama3":
+    rope.update(rope_type="llama3", factor=float(cfg.rope_factor), low_freq_factor=float(cfg.rope_low_freq_factor),
+                high_freq_factor=float(cfg.rope_high_freq_factor),
+                original_max_position_embeddings=int(cfg.rope_original_max_positions))
+  out: dict[str, Any] = {
+      "architectures": [ARCHITECTURES[family]], "model_type": family, "attention_dropout": 0.0,
+      "dtype": export_dtype(dtype), "hidden_act": "silu", "hidden_size": cfg.hidden, "initializer_range": 0.02,
+      "intermediate_size": cfg.intermediate,
+      "max_position_embeddings": int(source.get("max_position_embeddings") or cfg.max_seq_len),
+      "num_attention_heads": cfg.num_heads, "num_hidden_layers": cfg.num_layers,
+      "num_key_value_heads": cfg.num_kv_heads, "rms_norm_eps": float(cfg.norm_eps), "rope_parameters": rope,
+      "tie_word_embeddings": bool(cfg.tie_embeddings), "use_cache": True, "vocab_size": cfg.vocab_size,
+      "head_dim": cfg.head_dim}
+  if family == "llama":
+    out.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
+  else:  # Qwen2 / Qwen3: full attention in every layer
+    out.update(layer_types=["full_attention"] * cfg.num_layers, max_window_layers=28, sliding_window=None,
+               use_sliding_window=False)
+    if family == "qwen3":
+      out["attention_bias"] = False
+    elif cfg.head_dim * cfg.num_heads == cfg.hidden:
+      del out["head_dim"]  # Qwen2Config has no head_dim key; hidden / heads is its default
+  out.update({k: source[k] for k in SPECIAL_IDS if source.get(k) is not None})
+  return out
+
+
+def _host(x) -> np.ndarray:
+  """The whole array on this host (every process takes part when it is spread over several)."""
+  if getattr(x, "is_fully_addressable", True):
+    return np.asarray(jax.device_get(x))
+  from jax.experimental import multihost_utils
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _check_source(cfg: ModelConfig, source: dict, where: pathlib.Path) -> None:
+  theirs = hf_model_config(source)
+  keys = ("vocab_size", "hidden", "intermediate", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+          "tie_embeddings")
+  diff = [f"{k}: {getattr(theirs, k)} there, {getattr(cfg, k)} here" for k in keys
+          if getattr(theirs, k) != getattr(cfg, k)]
+  if diff:
+    raise HFExportError(f"{where}: does not describe these params ({'; '.join(diff)})")
+
+
+def export_pretrained(params: Any, model_cfg: ModelConfig, out_dir: str | os.PathLike, *, dtype: str = "float32",
+                      family: Optional[str] = None, source_dir: Optional[str | os.PathLike] = None,
+                      max_shard_bytes: int = MAX_SHARD_BYTES) -> pathlib.Path:
+  """Write `params` (the tree `make_policy(model_cfg).param_shapes` describes; host or device arrays, sharded or
+  not) as a Hugging Face checkpoint directory `out_dir` that transformers and `load_pretrained` read.
+
+  `family`: llama, qwen2 or qwen3 (default: source_dir's model_type). `dtype`: the weights' dtype on disk.
+  `source_dir`: the checkpoint the params were imported from; its tokenizer files are copied. Weights go into
+  model.safetensors, or model-0000i-of-0000N.safetensors + model.safetensors.index.json past `max_shard_bytes`.
+  Each tensor is gathered to host numpy on its own; process 0 writes. Returns `out_dir`."""
+  dtype = export_dtype(dtype)
+  out = pathlib.Path(out_dir)
+  source, src = {}, None
+  if source_dir is not None:
+    src = pathlib.Path(source_dir)
+    if not src.is_dir():
+      raise HFExportError(f"{src}: no such source checkpoint directory")
+    source = _read_json(src / "config.json")
+    _check_source(model_cfg, source, src / "config.json")
+  if family is None:
+    if not source:
+      raise HFExportError("the Hugging Face family is unknown: pass family= (llama, qwen2 or qwen3) or source_dir=")
+    family = source.get("model_type")
+  elif source and source.get("model_type") != family:
+    raise HFExportError(f"family={family!r} but {src / 'config.json'} has model_type={source.get('model_type')!r}")
+  config = hf_config(model_cfg, family, dtype=dtype, source=source)
+  names = hf_name_map(model_cfg)
+  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  keys = [jax.tree_util.keystr(p) for p, _ in leaves]
+  if sorted(keys) != sorted(names):
+    missing, extra = sorted(set(names) - set(keys)), sorted(set(keys) - set(names))
+    raise HFExportError(f"params do not match model_cfg: missing {missing[:3]}, unexpected {extra[:3]}")
+  itemsize = np.dtype(DTYPES[dtype]).itemsize
+  files, size = [[]], 0  # plan the shards from the shapes, so every file's name knows N
+  for key, x in zip(keys, (x for _, x in leaves)):
+    nbytes = math.prod(x.shape) * itemsize
+    if files[-1] and size + nbytes > max_shard_bytes:
+      files.append([])
+      size = 0
+    files[-1].append((key, x))
+    size += nbytes
+  writer = jax.process_index() == 0
+  if writer:
+    out.mkdir(parents=True, exist_ok=True)
+    for old in [*out.glob("model*.safetensors"), out / "model.safetensors.index.json"]:
+      old.unlink(missing_ok=True)  # an earlier export's weights (a stale index would name them)
+  n = len(files)
+  weight_map, total = {}, 0
+  for i, group in enumerate(files):
+    fname = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+    tensors = {}
+    for key, x in group:
+      spec = names[key]
+      if tuple(x.shape) != tuple(spec.split[j] for j in spec.perm):
+        raise HFExportError(f"param {key} has shape {list(x.shape)}, model_cfg implies "
+                            f"{[spec.split[j] for j in spec.perm]}")
+      stored = _host(x).transpose(np.argsort(spec.perm)).reshape(spec.stored_shape)
+      tensors[spec.name] = np.ascontiguousarray(stored.astype(DTYPES[dtype]))
+      weight_map[spec.name] = fname
+      total += tensors[spec.name].nbytes
+    if writer:
+      save_file(tensors, str(out / fname), metadata={"format": "pt"})
+  if not writer:
+    return out
+  if n > 1:
+    (out / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2) + "\n")
+  (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+  if src is not None:
+    for name in TOKENIZER_FILES:
+      if (src / name).is_file() and (src / name).resolve() != (out / name).resolve():
+        shutil.copyfile(src / name, out / name)
+  return out
