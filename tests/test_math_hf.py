@@ -24,8 +24,8 @@ TINY = ["rollout.max_slots=16", "rollout.max_prefill_len=48", "rollout.prefill_b
         f"model.pretrained={QWEN3}", f"data.tokenizer={QWEN3 / 'tokenizer.json'}"]
 
 
-def _rows(path: pathlib.Path) -> pathlib.Path:
-  rng = np.random.default_rng(0)
+def _rows(path: pathlib.Path, seed: int) -> pathlib.Path:
+  rng = np.random.default_rng(seed)
   with path.open("w") as f:
     for i in range(50):
       a, b = (int(x) for x in rng.integers(1, 50, 2))
@@ -35,10 +35,12 @@ def _rows(path: pathlib.Path) -> pathlib.Path:
 
 
 def test_math_hf_recipe_trains_an_imported_checkpoint_and_resumes(tmp_path):
-  data = _rows(tmp_path / "train.jsonl")
-  overrides = [f"run_dir={tmp_path / 'run'}", f"data.path={data}", *TINY]
+  data, held_out = _rows(tmp_path / "train.jsonl", seed=0), _rows(tmp_path / "eval.jsonl", seed=1)
+  overrides = [f"run_dir={tmp_path / 'run'}", f"data.path={data}", f"data.eval_path={held_out}", *TINY]
   job = RLJob(load_config(ROOT / "configs" / "math_hf.yaml", [*overrides, "pipeline.steps=3"]), progress=False)
   assert job.cfg.model.qk_norm and job.cfg.model.head_dim == 16  # the architecture came from config.json
+  assert len(job.task.train_records()) == 50 - job.task.overlap_dropped  # held out in their own file
+  assert [r.prompt_id for r in job.task.eval_records()] == [r.prompt_id for r in job.evaluator.prompts][:4]
   imported = load_pretrained(QWEN3).params
   job.setup()
   for a, b in zip(jax.tree.leaves(job.state.params), jax.tree.leaves(imported)):

@@ -161,6 +161,7 @@ class NPRConfig(_Choices):
 class DataConfig(_Choices):
   task: TaskName = "addition"
   path: str = ""  # JSONL or Parquet, for task=file
+  eval_path: str = ""  # task=file: the held-out split's own file (same fields); empty: data.num_eval rows of path
   prompt_field: str = "prompt"
   answer_field: str = "answer"
   id_field: str = ""  # empty: a stable id is derived from the row's content

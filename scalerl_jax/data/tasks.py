@@ -212,8 +212,9 @@ class CountdownTask(_BuiltinTask):
 
 
 class FileTask:
-  """Prompts from a JSONL/Parquet file (data.path). `num_eval` rows are held out by a hash of their id (so the
-  split does not depend on the seed or on the file's row order); training rows whose prompt text equals a held-out
+  """Prompts from a JSONL/Parquet file (data.path). The held-out split is the first `num_eval` rows of
+  data.eval_path when given, else `num_eval` rows of data.path held out by a hash of their id (so the split does not
+  depend on the seed or on the file's row order); training rows whose prompt text equals a held-out
   prompt are dropped (`overlap_dropped`). No reference completions: no warm start. Verifier: math-verify.
 
   `counts` ({"rows_read", "skipped_bad_rows", "overlap_dropped"}, unprefixed like PromptStream.counts) is what the
@@ -227,14 +228,20 @@ class FileTask:
     self.skipped_rows = result.skipped
     self.bad_row_examples = result.errors
     records = result.records
-    if len(records) <= cfg.num_eval:
-      raise DataError(f"{cfg.path}: data.num_eval={cfg.num_eval} held-out prompts leave none of the "
-                      f"{len(records)} rows for training; lower data.num_eval")
-    rank = sorted(range(len(records)), key=lambda i: hashlib.sha1(f"eval:{records[i].prompt_id}".encode()).digest())
-    held = set(rank[:cfg.num_eval])
-    self._eval = [r for i, r in enumerate(records) if i in held]
+    if cfg.eval_path:  # the held-out split has its own file: every training row trains
+      held_out = read_records(cfg.eval_path, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
+                              id_field=cfg.id_field, skip_bad_rows=cfg.skip_bad_rows).records
+      self._eval, train = held_out[:cfg.num_eval], records
+    else:
+      if len(records) <= cfg.num_eval:
+        raise DataError(f"{cfg.path}: data.num_eval={cfg.num_eval} held-out prompts leave none of the "
+                        f"{len(records)} rows for training; lower data.num_eval or give data.eval_path")
+      rank = sorted(range(len(records)),
+                    key=lambda i: hashlib.sha1(f"eval:{records[i].prompt_id}".encode()).digest())
+      held = set(rank[:cfg.num_eval])
+      self._eval = [r for i, r in enumerate(records) if i in held]
+      train = [r for i, r in enumerate(records) if i not in held]
     eval_texts = {r.text for r in self._eval}
-    train = [r for i, r in enumerate(records) if i not in held]
     self._train = [r for r in train if r.text not in eval_texts]
     self.overlap_dropped = len(train) - len(self._train)
     self.counts = {**result.counts(), "overlap_dropped": self.overlap_dropped}
