@@ -4,12 +4,14 @@
                           [--family llama|qwen2|qwen3]
 
 Reads RUN_DIR/config.yaml, restores the params of the latest intact checkpoint (or exactly checkpoint --step N) on
-one device and writes them with `scalerl_jax.model.hf_export.export_pretrained`. --source: the Hugging Face
-checkpoint the run's model was imported from (its family, special ids and tokenizer files are taken from it); a
-run without one needs --family. A user error prints as `export.py: error: ...` and exits 2.
+one device and writes them with `scalerl_jax.model.hf_export.export_pretrained`. The Hugging Face checkpoint the
+run's model was imported from (--source, default the run's model.pretrained) gives the family, special ids and
+tokenizer files; a run whose model was not imported needs --family. A user error prints as
+`export.py: error: ...` and exits 2.
 """
 
 import argparse
+import logging
 import pathlib
 import sys
 
@@ -17,6 +19,7 @@ from scalerl_jax.errors import UserError
 from scalerl_jax.logs import setup_logging
 
 PROG = "export.py"
+log = logging.getLogger("scalerl_jax.launch.export")
 
 
 def parse_args(argv=None):
@@ -25,7 +28,8 @@ def parse_args(argv=None):
   p.add_argument("--out", required=True, metavar="DIR", help="the Hugging Face checkpoint directory to write")
   p.add_argument("--step", type=int, help="export exactly this checkpoint (default: the latest intact one)")
   p.add_argument("--dtype", default="float32", help="weights' dtype on disk: float32, bfloat16 (bf16) or float16")
-  p.add_argument("--source", metavar="HF_DIR", help="the Hugging Face checkpoint the run's model was imported from")
+  p.add_argument("--source", metavar="HF_DIR", help="the Hugging Face checkpoint the run's model was imported from "
+                 "(default: the run's model.pretrained)")
   p.add_argument("--family", help="llama, qwen2 or qwen3 (default: --source's model_type)")
   p.add_argument("--verbose", action="store_true", help="also show the libraries' INFO logs (jax, orbax, ...)")
   return p.parse_args(argv)
@@ -36,19 +40,22 @@ def fail(message: str) -> None:
   raise SystemExit(2)
 
 
-def restore_params(run_dir: pathlib.Path, step=None):
-  """(step, params, run config) of the run's checkpoint, restored on one device."""
+def run_config(run_dir: pathlib.Path):
+  from scalerl_jax.config import load_config
+  if not (run_dir / "config.yaml").is_file():
+    raise UserError(f"{run_dir / 'config.yaml'}: no such file (is {run_dir} a run directory?)")
+  return load_config(run_dir / "config.yaml")
+
+
+def restore_params(run_dir: pathlib.Path, cfg, step=None):
+  """(step, params) of the run's checkpoint, restored on one device."""
   import jax
 
-  from scalerl_jax.config import load_config
   from scalerl_jax.mesh import TRAIN_RULES, Layout, make_mesh
   from scalerl_jax.model import make_policy
   from scalerl_jax.train.checkpoint import RunCheckpointer
   from scalerl_jax.train.state import make_optimizer, restore_target, state_shardings
 
-  if not (run_dir / "config.yaml").is_file():
-    raise UserError(f"{run_dir / 'config.yaml'}: no such file (is {run_dir} a run directory?)")
-  cfg = load_config(run_dir / "config.yaml")
   ckpt_dir = run_dir / "checkpoints"
   if not ckpt_dir.is_dir() or not any(p.name.isdigit() for p in ckpt_dir.iterdir()):
     raise UserError(f"no checkpoint in {ckpt_dir}")
@@ -68,22 +75,34 @@ def restore_params(run_dir: pathlib.Path, step=None):
       state, _ = ckpt.restore(target, cfg, step)
   finally:
     ckpt.close()
-  return step, state.params, cfg
+  return step, state.params
 
 
 def main(argv=None) -> int:
   args = parse_args(argv)
   setup_logging(args.verbose)
-  from scalerl_jax.model.hf_export import FAMILIES, export_dtype, export_pretrained
+  from scalerl_jax.model.hf_export import FAMILIES, check_family, export_dtype, export_pretrained
   try:
     dtype = export_dtype(args.dtype)
     if args.family is not None and args.family not in FAMILIES:
       raise UserError(f"--family {args.family!r} is not a family we export (choose {', '.join(FAMILIES)})")
-    if args.family is None and args.source is None:
-      raise UserError("the run's Hugging Face family is unknown: pass --source HF_DIR (the checkpoint it was "
-                      f"imported from) or --family ({' | '.join(FAMILIES)})")
-    step, params, cfg = restore_params(pathlib.Path(args.run_dir), args.step)
-    out = export_pretrained(params, cfg.model, args.out, dtype=dtype, family=args.family, source_dir=args.source)
+    cfg = run_config(pathlib.Path(args.run_dir))
+    source, imported = args.source, cfg.model.pretrained
+    if source is None and imported:
+      if pathlib.Path(imported).is_dir():
+        source = imported
+      elif args.family is None:
+        raise UserError(f"the run's model.pretrained={imported!r} is not a directory (moved?): pass --source HF_DIR "
+                        f"(the checkpoint it was imported from) or --family ({' | '.join(FAMILIES)})")
+      else:
+        log.warning("model.pretrained=%r is not a directory: no tokenizer files or special ids are exported", imported)
+    if args.family is None and source is None:
+      raise UserError("the run's model was not imported from a Hugging Face checkpoint (no model.pretrained): pass "
+                      f"--family ({' | '.join(FAMILIES)}) or --source HF_DIR")
+    if args.family is not None:
+      check_family(cfg.model, args.family)  # before the restore: a refusal costs nothing
+    step, params = restore_params(pathlib.Path(args.run_dir), cfg, args.step)
+    out = export_pretrained(params, cfg.model, args.out, dtype=dtype, family=args.family, source_dir=source)
   except UserError as e:
     fail(str(e))
   except OSError as e:

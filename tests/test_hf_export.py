@@ -3,6 +3,7 @@ exact per fixture family, bf16 / fp16 exports are the params rounded, config.jso
 for the fixture, tied embeddings write no lm_head, sharded exports, and the export entry point on a run directory
 (with its one-line errors). No torch."""
 
+import dataclasses
 import importlib.util
 import json
 import pathlib
@@ -17,7 +18,7 @@ import scalerl_jax
 from scalerl_jax.config import to_yaml
 from scalerl_jax.mesh import TRAIN_RULES, Layout, make_mesh
 from scalerl_jax.model import make_policy
-from scalerl_jax.model.hf import load_pretrained
+from scalerl_jax.model.hf import hf_model_config, load_pretrained
 from scalerl_jax.model.hf_export import HFExportError, export_pretrained, hf_config
 from scalerl_jax.train.checkpoint import RunCheckpointer, config_fingerprint
 from scalerl_jax.train.state import init_train_state, make_optimizer
@@ -186,7 +187,8 @@ def test_export_cli_errors(run_dir, tmp_path, capsys):
   empty.mkdir()
   (empty / "config.yaml").write_text((d / "config.yaml").read_text())
   out = ["--out", str(tmp_path / "o")]
-  cases = [([str(d), *out], "the run's Hugging Face family is unknown: pass --source HF_DIR"),
+  cases = [([str(d), *out], "the run's model was not imported from a Hugging Face checkpoint (no model.pretrained): "
+                            "pass --family (llama | qwen2 | qwen3) or --source HF_DIR"),
            ([str(d), *out, "--family", "gemma"], "--family 'gemma' is not a family we export"),
            ([str(empty), *out, "--family", "llama"], f"no checkpoint in {empty / 'checkpoints'}"),
            ([str(tmp_path / "nope"), *out, "--family", "llama"], "config.yaml: no such file"),
@@ -198,3 +200,51 @@ def test_export_cli_errors(run_dir, tmp_path, capsys):
     err = exit_error(capsys, cli.main, argv)
     assert err.startswith("export.py: error: ") and msg in err and err.count("\n") == 1, (argv, err)
   assert not (empty / "checkpoints").exists()  # a refused export creates nothing in the run directory
+
+
+@pytest.fixture(scope="module")
+def imported_run(tmp_path_factory):
+  """A run directory whose model was imported (model.pretrained: the qwen3 fixture), checkpoint 3 holding the
+  fixture's params, as RLJob resolves and writes it."""
+  d, hf_dir = tmp_path_factory.mktemp("imported"), tmp_path_factory.mktemp("hf") / "qwen3"
+  for f in (ROOT / "qwen3").iterdir():
+    (hf_dir / f.name).parent.mkdir(exist_ok=True)
+    (hf_dir / f.name).write_bytes(f.read_bytes())
+  base = tiny_config(d)
+  arch = hf_model_config(hf_dir, max_seq_len=base.model.max_seq_len)
+  cfg = dataclasses.replace(base, model=dataclasses.replace(arch, pretrained=str(hf_dir)))
+  (d / "config.yaml").write_text(to_yaml(cfg))
+  policy, optimizer = make_policy(cfg.model), make_optimizer(cfg.optimizer)
+  layout = Layout(make_mesh("data=1,fsdp=1,tensor=1,expert=1", jax.devices()[:1]), TRAIN_RULES)
+  params = load_pretrained(hf_dir, max_seq_len=cfg.model.max_seq_len).params
+  ckpt = RunCheckpointer(d / "checkpoints", cfg.checkpoint.keep)
+  ckpt.save(3, init_train_state(policy, optimizer, layout, seed=0, params=params),
+            {"step": 3, "fingerprint": config_fingerprint(cfg)})
+  ckpt.close()
+  return d, hf_dir
+
+
+def test_export_cli_imported_run_needs_no_flags(imported_run, tmp_path, capsys):
+  d, hf_dir = imported_run
+  assert cli.main([str(d), "--out", str(tmp_path)]) == 0
+  # the export is the imported checkpoint again: same tensors, same config.json (but transformers_version), same
+  # tokenizer files
+  ours, theirs = (load_file(str(x / "model.safetensors")) for x in (tmp_path, ROOT / "qwen3"))
+  assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours)
+  c_ours, c_theirs = (json.loads((x / "config.json").read_text()) for x in (tmp_path, ROOT / "qwen3"))
+  assert c_ours == {k: v for k, v in c_theirs.items() if k not in NOT_WRITTEN}
+  for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+    assert (tmp_path / f).read_bytes() == (ROOT / "qwen3" / f).read_bytes()
+  # family from model.pretrained: asking for another one is refused; a moved checkpoint needs --source or --family
+  err = exit_error(capsys, cli.main, [str(d), "--out", str(tmp_path / "x"), "--family", "qwen2"])
+  assert err.startswith("export.py: error: model.qkv_bias=False but qwen2 has qkv_bias=True (this model exports as "
+                        "qwen3)")
+  moved = hf_dir.with_name("moved")
+  hf_dir.rename(moved)
+  try:
+    err = exit_error(capsys, cli.main, [str(d), "--out", str(tmp_path / "y")])
+    assert f"model.pretrained={str(hf_dir)!r} is not a directory (moved?)" in err and err.count("\n") == 1
+    assert cli.main([str(d), "--out", str(tmp_path / "z"), "--source", str(moved)]) == 0
+    assert (tmp_path / "z" / "tokenizer.json").is_file()
+  finally:
+    moved.rename(hf_dir)
