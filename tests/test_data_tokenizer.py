@@ -104,3 +104,12 @@ def test_text_the_tokenizer_cannot_take_is_a_data_error(tmp_path):
   tok = HFTokenizer(make_fixtures.write_tokenizer_json(tmp_path / "tokenizer.json"))
   with pytest.raises(DataError, match=r"tokenizer\.json cannot tokenize '\\ud800'"):
     tok.encode("\ud800")
+
+
+def test_every_tokenizer_lists_its_eos_ids_and_only_checkpoints_render_chat(tmp_path):
+  assert CharTokenizer().eos_ids == (CharTokenizer().eos_id,)
+  tok = HFTokenizer(make_fixtures.write_tokenizer_json(tmp_path / "tokenizer.json"))
+  assert tok.eos_ids == (tok.eos_id,) and tok.chat is None
+  with pytest.raises(DataError, match=r"tokenizer\.json: this tokenizer has no Jinja chat template"):
+    tok.render_chat([{"role": "user", "content": "Ava"}])
+  assert make_tokenizer(DataConfig(tokenizer=str(tmp_path)), vocab_size=tok.vocab_size).eos_ids == tok.eos_ids

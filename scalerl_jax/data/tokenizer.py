@@ -1,9 +1,14 @@
-"""Tokenizers: a character-level one for the built-in tasks and a wrapper over HF `tokenizers` (tokenizer.json).
+"""Tokenizers: a character-level one for the built-in tasks, a wrapper over HF `tokenizers` (tokenizer.json) and a
+Hugging Face checkpoint's tokenizer (`tokenizer_from_pretrained(dir)`: tokenizer.json, its special ids from the
+checkpoint's configs and its Jinja chat template, scalerl_jax/data/chat.py).
 
-Both expose one interface: `pad_id`, `bos_id` (None when the model has no BOS), `eos_id`, `vocab_size`,
-`encode(str) -> list[int]`, `decode(ids) -> str`, `token_id(token) -> int` and `encode_prompt(str) -> list[int]`,
-which applies the chat template and prepends BOS. A chat template is a plain format string in which `{prompt}` is
-replaced by the prompt text (e.g. "<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n"); no jinja.
+All expose one interface: `pad_id`, `bos_id` (None when the model has no BOS), `eos_id` (the first of `eos_ids`,
+every id that ends a sequence: the rollout engine's stop_ids), `vocab_size`, `encode(str) -> list[int]`,
+`decode(ids) -> str`, `token_id(token) -> int` and `encode_prompt(str) -> list[int]`, the prompt's ids. With
+`data.chat_template` (a plain format string in which `{prompt}` is replaced by the prompt text, e.g.
+"<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n"; no jinja) encode_prompt prepends BOS to the
+formatted text; a checkpoint's Jinja template, when data.chat_template is empty, renders the prompt as one user turn
+with the generation prompt and encodes it without special tokens (the template writes BOS where the model wants it).
 
 Character vocabulary (24 ids, shared by every built-in task; the model's vocab_size of 32 leaves room):
 
@@ -16,8 +21,9 @@ Character vocabulary (24 ids, shared by every built-in task; the model's vocab_s
 from __future__ import annotations
 
 import pathlib
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
+from scalerl_jax.data.chat import ChatTemplate, load_chat_template, token_text
 from scalerl_jax.data.sources import DataError
 
 END_MARKER = "|"  # end of thinking in the built-in tasks' completions
@@ -41,6 +47,7 @@ class CharTokenizer:
     self._ids = {c: i + 2 for i, c in enumerate(CHARS)}
     self._chars = ["", ""] + list(CHARS)
     self.eos_id = self._ids[EOS_CHAR]
+    self.eos_ids = (self.eos_id,)
     self.vocab_size = len(self._chars)
 
   def token_id(self, char: str) -> int:
@@ -75,8 +82,23 @@ class HFTokenizer:
   found in the vocabulary (EOS required: `data.eos_token` names it when the file uses another name; BOS may be
   absent, as in Qwen; PAD falls back to EOS). A file `tokenizers` cannot load is a DataError naming it."""
 
+  chat: Optional[ChatTemplate] = None  # a checkpoint's Jinja chat template (PretrainedTokenizer)
+  prompt_specials = False  # encode_prompt lets tokenizer.json's post-processor add BOS (PretrainedTokenizer)
+
   def __init__(self, path: str | pathlib.Path, chat_template: str = "", *, pad_token: Optional[str] = None,
                bos_token: Optional[str] = None, eos_token: Optional[str] = None):
+    path = self._load(path)
+    self.chat_template = chat_template
+    self.eos_id = self._special(eos_token, _EOS_NAMES, "EOS")
+    if self.eos_id is None:
+      raise DataError(f"{path}: no EOS token among {', '.join(_EOS_NAMES)}; name this tokenizer's end-of-sequence "
+                      "token with data.eos_token=<token>")
+    self.eos_ids = (self.eos_id,)
+    self.bos_id = self._special(bos_token, _BOS_NAMES, "BOS")
+    pad = self._special(pad_token, _PAD_NAMES, "PAD")
+    self.pad_id = self.eos_id if pad is None else pad
+
+  def _load(self, path: str | pathlib.Path) -> pathlib.Path:
     from tokenizers import Tokenizer  # imported here: the built-in tasks never need it
 
     path = pathlib.Path(path).expanduser()
@@ -90,15 +112,8 @@ class HFTokenizer:
       reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
       raise DataError(f"data.tokenizer: {path} is not a readable tokenizer.json ({reason})") from None
     self.path = str(path)
-    self.chat_template = chat_template
     self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-    self.eos_id = self._special(eos_token, _EOS_NAMES, "EOS")
-    if self.eos_id is None:
-      raise DataError(f"{path}: no EOS token among {', '.join(_EOS_NAMES)}; name this tokenizer's end-of-sequence "
-                      "token with data.eos_token=<token>")
-    self.bos_id = self._special(bos_token, _BOS_NAMES, "BOS")
-    pad = self._special(pad_token, _PAD_NAMES, "PAD")
-    self.pad_id = self.eos_id if pad is None else pad
+    return path
 
   def _special(self, name: Optional[str], candidates: Sequence[str], what: str) -> Optional[int]:
     if name:
@@ -119,26 +134,147 @@ class HFTokenizer:
       raise DataError(f"{self.path}: token {token!r} is not in the vocabulary")
     return tid
 
-  def encode(self, text: str) -> list[int]:
+  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    """Ids of `text`; `add_special_tokens` runs tokenizer.json's post-processor (e.g. Llama's BOS)."""
     try:
-      return list(self._tok.encode(text, add_special_tokens=False).ids)
+      return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
     except Exception as exc:  # tokenizers: TypeError for str it cannot pass to Rust (lone surrogates), bare Exception
       raise DataError(f"{self.path} cannot tokenize {text[:40]!r} ({type(exc).__name__}: {exc})") from None
 
   def decode(self, ids: Sequence[int]) -> str:
     return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
+  def render_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+    """The conversation rendered by the checkpoint's Jinja chat template, as transformers' apply_chat_template."""
+    if self.chat is None:
+      raise DataError(f"{self.path}: this tokenizer has no Jinja chat template (a checkpoint directory's "
+                      "tokenizer_config.json chat_template or chat_template.jinja)")
+    return self.chat.render(messages, add_generation_prompt)
+
+  def render_prompt(self, text: str) -> str:
+    """The text encode_prompt encodes: data.chat_template's format, else the Jinja template's user turn."""
+    if self.chat is not None and not self.chat_template:
+      return self.chat.render_prompt(text)
+    return apply_template(self.chat_template, text)
+
   def encode_prompt(self, text: str) -> list[int]:
+    if self.chat is not None and not self.chat_template:
+      return self.encode(self.chat.render_prompt(text))  # the template writes BOS itself
+    if self.prompt_specials:
+      return self.encode(apply_template(self.chat_template, text), add_special_tokens=True)
     bos = [] if self.bos_id is None else [self.bos_id]
     return bos + self.encode(apply_template(self.chat_template, text))
 
 
-def make_tokenizer(cfg) -> CharTokenizer | HFTokenizer:
-  """From a DataConfig: `data.tokenizer` = "char" or a path to tokenizer.json (or its folder); `data.eos_token`
-  (empty: the usual names) names a tokenizer.json's end-of-sequence token."""
+_ID_CONFIGS = ("generation_config.json", "config.json")  # transformers' generate takes generation_config's ids
+
+
+class PretrainedTokenizer(HFTokenizer):
+  """A Hugging Face checkpoint directory's tokenizer.json with the checkpoint's special ids: each of BOS / EOS /
+  PAD from generation_config.json, else config.json (`*_token_id`, an int or a list: every EOS id is kept in
+  `eos_ids`), else tokenizer_config.json's token strings, whose `eos_token` is also added to `eos_ids`. PAD falls
+  back to EOS; `eos_token` (data.eos_token) puts that token first. The Jinja chat template (`chat`) comes from
+  chat_template.jinja or tokenizer_config.json. The tokenizer must fit the embedding: `vocab_size`, else
+  config.json's vocab_size. Errors name the file."""
+
+  prompt_specials = True
+
+  def __init__(self, directory: str | pathlib.Path, chat_template: str = "", *, eos_token: Optional[str] = None,
+               vocab_size: Optional[int] = None):
+    from scalerl_jax.model.hf import _read_json  # the checkpoint loader's JSON reader: errors name the file
+
+    d = pathlib.Path(directory).expanduser()
+    if not d.is_dir():
+      raise DataError(f"data.tokenizer: {d} is not a checkpoint directory")
+    self._load(d / "tokenizer.json")
+    self.directory, self.chat_template = d, chat_template
+    tok_file = d / "tokenizer_config.json"
+    tok_cfg = _read_json(tok_file) if tok_file.is_file() else {}
+    if not isinstance(tok_cfg, dict):
+      raise DataError(f"{tok_file}: not a JSON object")
+    self.tokenizer_config = tok_cfg
+    self.chat = load_chat_template(d, tok_cfg)
+    configs = [(d / n, _read_json(d / n)) for n in _ID_CONFIGS if (d / n).is_file()]
+    eos = self._config_ids(configs, "eos_token_id") + self._named_id(tok_cfg, "eos_token", tok_file)
+    if eos_token:
+      eos = (self._special(eos_token, (), "EOS"),) + eos
+    if not eos:
+      raise DataError(f"{d}: no EOS id: neither {' nor '.join(_ID_CONFIGS)} sets eos_token_id and "
+                      f"{tok_file.name} names no eos_token; name the end-of-sequence token with data.eos_token=<token>")
+    self.eos_ids = tuple(dict.fromkeys(eos))
+    self.eos_id = self.eos_ids[0]
+    bos = self._config_ids(configs, "bos_token_id") or self._named_id(tok_cfg, "bos_token", tok_file)
+    pad = self._config_ids(configs, "pad_token_id") or self._named_id(tok_cfg, "pad_token", tok_file)
+    self.bos_id = bos[0] if bos else None
+    self.pad_id = pad[0] if pad else self.eos_id
+    model_cfg = next((c for f, c in configs if f.name == "config.json"), {})
+    if vocab_size is None and isinstance(model_cfg.get("vocab_size"), int):
+      check_vocab(self, model_cfg["vocab_size"], f"{d / 'config.json'} vocab_size")
+    elif vocab_size is not None:
+      check_vocab(self, vocab_size)
+
+  def _config_ids(self, configs, key: str) -> tuple[int, ...]:
+    from scalerl_jax.model.hf import _ids
+
+    for f, cfg in configs:
+      try:
+        ids = _ids(cfg.get(key))
+      except (TypeError, ValueError):
+        raise DataError(f"{f}: {key}={cfg.get(key)!r} is not an id or a list of ids") from None
+      bad = [i for i in ids if not 0 <= i < self.vocab_size]
+      if bad:
+        raise DataError(f"{f}: {key} {bad[0]} is not an id of {self.path} ({self.vocab_size} tokens)")
+      if ids:
+        return ids
+    return ()
+
+  def _named_id(self, tok_cfg: Mapping[str, Any], key: str, where: pathlib.Path) -> tuple[int, ...]:
+    name = token_text(tok_cfg.get(key))
+    if not name:
+      return ()
+    tid = self._tok.token_to_id(name)
+    if tid is None:
+      raise DataError(f"{where}: {key} {name!r} is not in the vocabulary of {self.path}")
+    return (tid,)
+
+
+def tokenizer_from_pretrained(directory: str | pathlib.Path, chat_template: str = "", *,
+                              eos_token: Optional[str] = None, vocab_size: Optional[int] = None) -> PretrainedTokenizer:
+  """A Hugging Face checkpoint directory's tokenizer (tokenizer.json + configs + chat template)."""
+  return PretrainedTokenizer(directory, chat_template, eos_token=eos_token, vocab_size=vocab_size)
+
+
+def check_vocab(tokenizer, vocab_size: int, where: str = "model.vocab_size") -> None:
+  """A tokenizer whose ids reach past the embedding's `vocab_size` rows is a DataError naming its file."""
+  if tokenizer.vocab_size > vocab_size:
+    raise DataError(f"{getattr(tokenizer, 'path', 'data.tokenizer')}: the tokenizer has {tokenizer.vocab_size} "
+                    f"tokens, more than the embedding's {vocab_size} rows (model.vocab_size={vocab_size}, from "
+                    f"{where}); use the checkpoint's own tokenizer or a model with a larger vocab_size")
+
+
+_CHECKPOINT_FILES = ("tokenizer_config.json", "config.json", "generation_config.json")
+
+
+def is_checkpoint_dir(path: str | pathlib.Path) -> bool:
+  """A directory holding a checkpoint's configs beside tokenizer.json (not a bare tokenizer.json's folder)."""
+  p = pathlib.Path(path).expanduser()
+  return p.is_dir() and any((p / n).is_file() for n in _CHECKPOINT_FILES)
+
+
+def make_tokenizer(cfg, vocab_size: Optional[int] = None) -> CharTokenizer | HFTokenizer:
+  """From a DataConfig: `data.tokenizer` = "char", a path to tokenizer.json (or a folder holding only it), or a
+  Hugging Face checkpoint directory (tokenizer_from_pretrained); `data.eos_token` (empty: the usual names, or the
+  checkpoint's ids) names the end-of-sequence token. `vocab_size` (model.vocab_size) is checked against the
+  tokenizer's size with an error naming its file."""
   if cfg.tokenizer == "char":
     if cfg.eos_token not in ("", EOS_CHAR):
       raise DataError(f"data.eos_token={cfg.eos_token!r} needs data.tokenizer set to a tokenizer.json: the built-in "
                       f"character vocabulary's EOS is {EOS_CHAR!r}")
     return CharTokenizer(cfg.chat_template)
-  return HFTokenizer(cfg.tokenizer, cfg.chat_template, eos_token=cfg.eos_token or None)
+  if is_checkpoint_dir(cfg.tokenizer):
+    return PretrainedTokenizer(cfg.tokenizer, cfg.chat_template, eos_token=cfg.eos_token or None,
+                               vocab_size=vocab_size)
+  tok = HFTokenizer(cfg.tokenizer, cfg.chat_template, eos_token=cfg.eos_token or None)
+  if vocab_size is not None:
+    check_vocab(tok, vocab_size)
+  return tok

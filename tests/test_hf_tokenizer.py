@@ -1,0 +1,197 @@
+"""A Hugging Face checkpoint's tokenizer (scalerl_jax/data/tokenizer.py: tokenizer_from_pretrained) and Jinja chat
+template (scalerl_jax/data/chat.py) against the committed transformers fixtures (tests/fixtures/hf, tools/README.md):
+the rendering and its ids equal transformers' apply_chat_template, special ids come from the checkpoint's configs,
+and every bad input is an error naming its file. No torch, no transformers."""
+
+import dataclasses
+import json
+import pathlib
+import shutil
+
+import pytest
+
+from scalerl_jax.config import DataConfig
+from scalerl_jax.data.chat import ChatTemplate
+from scalerl_jax.data.sources import DataError
+from scalerl_jax.data.tokenizer import PretrainedTokenizer, make_tokenizer, tokenizer_from_pretrained
+from scalerl_jax.errors import UserError
+
+ROOT = pathlib.Path(__file__).parent / "fixtures" / "hf"
+FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+def _ref(name):
+  return json.loads((ROOT / name / "reference.json").read_text())
+
+
+def _copy(name, tmp_path) -> pathlib.Path:
+  """The fixture's tokenizer and config files (no weights) in a directory of our own to break."""
+  d = tmp_path / name
+  d.mkdir()
+  for f in (ROOT / name).iterdir():
+    if f.suffix in (".json", ".jinja") and f.name != "reference.json":
+      shutil.copy(f, d / f.name)
+  return d
+
+
+def _edit(path: pathlib.Path, **changes):
+  data = json.loads(path.read_text())
+  for k, v in changes.items():
+    if v is None:
+      data.pop(k, None)
+    else:
+      data[k] = v
+  path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_rendering_and_ids_equal_transformers(name):
+  tok, chat = tokenizer_from_pretrained(ROOT / name), _ref(name)["chat"]
+  rendered = tok.render_chat(chat["messages"], add_generation_prompt=True)
+  assert rendered == chat["rendered"]
+  assert tok.render_chat(chat["messages"], add_generation_prompt=False) == chat["rendered_without_generation_prompt"]
+  assert tok.encode(rendered) == chat["rendered_ids"]  # add_special_tokens=False: the template wrote BOS itself
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_special_ids_come_from_the_checkpoint(name):
+  tok, ref = tokenizer_from_pretrained(ROOT / name), _ref(name)
+  special = ref["special_tokens"]
+  assert tok.bos_id == special["bos_token_id"] and tok.pad_id == special["pad_token_id"]
+  assert list(tok.eos_ids) == special["eos_token_ids"] and tok.eos_id == tok.eos_ids[0]
+  assert tok.vocab_size == ref["tokenizer_size"]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_generate_prompts_encode_as_transformers(name):
+  tok = tokenizer_from_pretrained(ROOT / name)
+  for p in _ref(name)["generate"]["prompts"]:
+    ids = tok.encode(p["prompt"]) if p.get("from_chat") else tok.encode(p["prompt"], add_special_tokens=True)
+    assert ids == p["prompt_ids"]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_make_tokenizer_on_a_checkpoint_renders_prompts_as_one_user_turn(name):
+  tok = make_tokenizer(DataConfig(tokenizer=str(ROOT / name)))
+  assert isinstance(tok, PretrainedTokenizer)
+  text = "two plus three?"
+  rendered = tok.render_chat([{"role": "user", "content": text}], add_generation_prompt=True)
+  assert tok.render_prompt(text) == rendered and tok.encode_prompt(text) == tok.encode(rendered)
+  assert (tok.encode_prompt(text)[0] == tok.bos_id) == (name == "llama")  # only Llama's template writes BOS
+  # data.chat_template (a `{prompt}` format string) overrides the checkpoint's; the post-processor adds BOS
+  fmt = make_tokenizer(DataConfig(tokenizer=str(ROOT / name), chat_template="Q: {prompt} A:"))
+  assert fmt.encode_prompt(text) == tok.encode("Q: two plus three? A:", add_special_tokens=True)
+
+
+def test_data_eos_token_comes_first(tmp_path):
+  tok = make_tokenizer(DataConfig(tokenizer=str(ROOT / "llama"), eos_token="<|end_of_text|>"))
+  assert tok.eos_id == tok.token_id("<|end_of_text|>") and set(tok.eos_ids) == {113, 116}
+  with pytest.raises(DataError, match="EOS token '<nope>' is not in the vocabulary"):
+    make_tokenizer(DataConfig(tokenizer=str(ROOT / "llama"), eos_token="<nope>"))
+
+
+def test_ids_fall_back_to_tokenizer_config_names(tmp_path):
+  d = _copy("llama", tmp_path)
+  (d / "generation_config.json").unlink()
+  for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+    _edit(d / "config.json", **{key: None})
+  tok = tokenizer_from_pretrained(d)
+  assert (tok.bos_id, tok.eos_ids, tok.pad_id) == (112, (116,), 117)  # <|begin_of_text|>, <|eot_id|>, pad
+  _edit(d / "tokenizer_config.json", pad_token=None)
+  assert tokenizer_from_pretrained(d).pad_id == 116  # PAD falls back to EOS
+
+
+def test_chat_template_jinja_wins_and_named_templates(tmp_path):
+  d = _copy("qwen2", tmp_path)
+  (d / "chat_template.jinja").write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+  assert tokenizer_from_pretrained(d).render_prompt("hi") == "[hi]"
+  (d / "chat_template.jinja").unlink()
+  _edit(d / "tokenizer_config.json", chat_template=[{"name": "tool_use", "template": "T"},
+                                                   {"name": "default", "template": "D{{ messages|length }}"}])
+  assert tokenizer_from_pretrained(d).render_prompt("hi") == "D1"
+  _edit(d / "tokenizer_config.json", chat_template=[{"name": "tool_use", "template": "T"}])
+  with pytest.raises(DataError, match=r"tokenizer_config\.json: chat_template is a list without a 'default'"):
+    tokenizer_from_pretrained(d)
+  _edit(d / "tokenizer_config.json", chat_template=None)
+  tok = tokenizer_from_pretrained(d)  # no template at all: prompts are the plain text
+  assert tok.chat is None and tok.encode_prompt("hi") == tok.encode("hi", add_special_tokens=True)
+  with pytest.raises(DataError, match="has no Jinja chat template"):
+    tok.render_chat([{"role": "user", "content": "hi"}])
+
+
+def test_transformers_helpers_are_available():
+  source = ("{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m | tojson }}{% endfor %}"
+            "{{ strftime_now('%Y') | length }}{{ bos_token }}|{{ pad_token }}|")
+  chat = ChatTemplate(source, "t.jinja", {"bos_token": "<s>", "eos_token": "</s>"})
+  out = chat.render([{"role": "user", "content": "café"}, {"role": "user", "content": "x"}])
+  assert out == '{"role": "user", "content": "café"}4<s>||'  # ensure_ascii=False, loopcontrols, undefined -> ''
+
+
+@pytest.mark.parametrize("source, reason", [
+    ("{% for m in messages %}", r"TemplateSyntaxError at line 1: Unexpected end of template"),
+    ("{{ raise_exception('only user turns, got ' + messages[0]['role']) }}", r"TemplateError: only user turns, got user"),
+    ("{{ messages.append(1) }}", r"SecurityError"),  # the immutable sandbox
+    ("{{ messages[0]['content'].nope.deeper }}", r"UndefinedError"),
+])
+def test_a_template_that_fails_names_the_file_and_the_jinja_error(tmp_path, source, reason):
+  d = _copy("qwen3", tmp_path)
+  (d / "chat_template.jinja").write_text(source)
+  with pytest.raises(DataError, match=rf"^{d / 'chat_template.jinja'}: the chat template .*{reason}"):
+    tokenizer_from_pretrained(d).encode_prompt("hi")
+
+
+def test_unreadable_tokenizer_config_names_the_file(tmp_path):
+  d = _copy("llama", tmp_path)
+  (d / "tokenizer_config.json").write_text("{not json")
+  with pytest.raises(UserError, match=rf"{d / 'tokenizer_config.json'}: not readable JSON"):
+    make_tokenizer(DataConfig(tokenizer=str(d)))
+  (d / "tokenizer_config.json").write_text("[1, 2]")
+  with pytest.raises(DataError, match=rf"{d / 'tokenizer_config.json'}: not a JSON object"):
+    tokenizer_from_pretrained(d)
+  (d / "chat_template.jinja").write_bytes(b"\xff\xfe{{")
+  (d / "tokenizer_config.json").write_text("{}")
+  with pytest.raises(DataError, match=rf"{d / 'chat_template.jinja'}: not a readable chat template"):
+    tokenizer_from_pretrained(d)
+
+
+def test_missing_special_tokens_name_the_files(tmp_path):
+  d = _copy("qwen3", tmp_path)
+  _edit(d / "generation_config.json", eos_token_id=[90, 500])
+  with pytest.raises(DataError, match=rf"{d / 'generation_config.json'}: eos_token_id 500 is not an id of "
+                                      rf".*tokenizer\.json \(91 tokens\)"):
+    tokenizer_from_pretrained(d)
+  _edit(d / "generation_config.json", eos_token_id="im_end")
+  with pytest.raises(DataError, match=r"generation_config\.json: eos_token_id='im_end' is not an id"):
+    tokenizer_from_pretrained(d)
+  _edit(d / "generation_config.json", eos_token_id=None)
+  _edit(d / "config.json", eos_token_id=None)
+  _edit(d / "tokenizer_config.json", eos_token="<|nope|>")
+  with pytest.raises(DataError, match=rf"{d / 'tokenizer_config.json'}: eos_token '<\|nope\|>' is not in the "
+                                      r"vocabulary of .*tokenizer\.json"):
+    tokenizer_from_pretrained(d)
+  _edit(d / "tokenizer_config.json", eos_token=None)
+  with pytest.raises(DataError, match=r"no EOS id: neither generation_config\.json nor config\.json sets "
+                                      r"eos_token_id .*data\.eos_token=<token>"):
+    tokenizer_from_pretrained(d)
+  assert tokenizer_from_pretrained(d, eos_token="<|im_end|>").eos_ids == (90,)
+  (d / "tokenizer.json").unlink()
+  with pytest.raises(DataError, match="no tokenizer.json at"):
+    tokenizer_from_pretrained(d)
+
+
+def test_vocabulary_larger_than_the_embedding_names_the_file(tmp_path):
+  d = _copy("qwen3", tmp_path)
+  _edit(d / "config.json", vocab_size=64)  # the tokenizer has 91 tokens
+  with pytest.raises(DataError, match=rf"^{d / 'tokenizer.json'}: the tokenizer has 91 tokens, more than the "
+                                      rf"embedding's 64 rows \(model\.vocab_size=64, from {d / 'config.json'}"):
+    make_tokenizer(DataConfig(tokenizer=str(d)))
+  with pytest.raises(DataError, match=r"tokenizer\.json: the tokenizer has 91 tokens.*model\.vocab_size=90, from "
+                                      r"model\.vocab_size"):
+    make_tokenizer(DataConfig(tokenizer=str(ROOT / "qwen3")), vocab_size=90)
+  bare = tmp_path / "bare"
+  bare.mkdir()
+  shutil.copy(ROOT / "qwen3" / "tokenizer.json", bare / "tokenizer.json")  # a folder holding only tokenizer.json
+  cfg = dataclasses.replace(DataConfig(), tokenizer=str(bare), eos_token="<|im_end|>")
+  assert not isinstance(make_tokenizer(cfg), PretrainedTokenizer)
+  with pytest.raises(DataError, match=rf"^{bare / 'tokenizer.json'}: the tokenizer has 91 tokens"):
+    make_tokenizer(cfg, vocab_size=32)
