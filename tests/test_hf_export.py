@@ -91,6 +91,16 @@ def test_config_json_matches_transformers(loaded, name, tmp_path):
   assert {k: v for k, v in theirs.items() if k not in NOT_WRITTEN and not k.endswith("_token_id")} == bare
 
 
+@pytest.mark.parametrize("name", FAMILIES + ("qwen3_bf16", "qwen3_sharded"))
+def test_transformers_loaded_the_exports(name):
+  """tools/make_hf_fixtures.py --check-export recorded that transformers loads our export of this fixture and
+  reproduces its reference logits, config, tokenizer ids and greedy tokens (tools/README.md)."""
+  check = json.loads((ROOT / name / "reference.json").read_text())["export_check"]
+  assert check["logits_max_abs_diff"] == 0.0
+  assert check["config_equal"] and check["tokenizer_ids_equal"] and check["greedy_equal"]
+  assert check["dtype_on_disk"] == ("bfloat16" if name == "qwen3_bf16" else "float32")
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_export_is_the_rounded_params(loaded, dtype, tmp_path):
   model = loaded["qwen3"]

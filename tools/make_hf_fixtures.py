@@ -305,16 +305,59 @@ def make_family(root: pathlib.Path, name: str) -> None:
                    checks={"vs_fp32_weights_max_abs_diff": round(rounding, 6)})
 
 
+@torch.no_grad()
+def check_export(exported: pathlib.Path, fixture: pathlib.Path) -> dict:
+  """Loads a directory scalerl_jax's export_pretrained wrote (from `fixture`'s weights) with transformers and checks
+  it is the fixture's model: same class and config, the reference logits, the same tokenizer ids, the same greedy
+  tokens. Records the result as `export_check` in the fixture's reference.json."""
+  ref = json.loads((fixture / "reference.json").read_text())
+  want = safetensors.torch.load_file(str(fixture / "reference_logits.safetensors"))
+  model = transformers.AutoModelForCausalLM.from_pretrained(str(exported), dtype=torch.float32,
+                                                            attn_implementation="eager").eval()
+  theirs = transformers.AutoConfig.from_pretrained(str(fixture))
+  skip = {"transformers_version", "_name_or_path", "architectures"}
+  ours_d, theirs_d = transformers.AutoConfig.from_pretrained(str(exported)).to_dict(), theirs.to_dict()
+  config_diff = sorted(k for k in set(ours_d) | set(theirs_d) - skip
+                       if k not in skip and ours_d.get(k) != theirs_d.get(k))
+  assert type(model).__name__ == theirs.architectures[0], (type(model).__name__, theirs.architectures)
+  assert not config_diff, f"config differs from the fixture's in {config_diff}"
+  diff = max_diff(logits_of(model, want["input_ids"], want["attention_mask"]), want["logits"], want["attention_mask"])
+  assert diff < ref["logits"]["atol"], f"{exported}: logits differ from {fixture}'s reference by {diff}"
+  hf_tok = transformers.PreTrainedTokenizerFast.from_pretrained(str(exported))
+  rows = [hf_tok(t)["input_ids"] for t in ref["logits"]["texts"]]
+  assert rows == [r[:int(m.sum())] for r, m in zip(want["input_ids"].tolist(), want["attention_mask"])]
+  tok = tokenizers.Tokenizer.from_file(str(exported / "tokenizer.json"))
+  eos, pad = ref["special_tokens"]["eos_token_ids"], ref["special_tokens"]["pad_token_id"]
+  for p in ref["generate"]["prompts"]:
+    got = greedy(model, tok, p["prompt_ids"], eos, pad)["new_ids"]
+    assert got == p["new_ids"], f"{exported}: greedy tokens {got} != the fixture's {p['new_ids']}"
+  ref["export_check"] = {
+    "what": "scalerl_jax's export_pretrained of this fixture's params (tools/README.md), loaded by transformers' "
+            "AutoModelForCausalLM: same class and config, these reference logits, tokenizer ids and greedy tokens",
+    "dtype_on_disk": str(ours_d["dtype"]).removeprefix("torch."), "compute_dtype": "float32",
+    "logits_max_abs_diff": diff, "config_equal": True, "tokenizer_ids_equal": True, "greedy_equal": True,
+    "versions": {"transformers": transformers.__version__, "torch": torch.__version__}}
+  (fixture / "reference.json").write_text(json.dumps(ref, indent=2, sort_keys=True) + "\n")
+  return ref["export_check"]
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", default="tests/fixtures/hf", help="fixture root; each family's directories in it are replaced")
   ap.add_argument("--families", default="llama,qwen2,qwen3")
+  ap.add_argument("--check-export", nargs="+", metavar="DIR", help="instead: check exported directories with "
+                  "transformers, each against the fixture of its name in --out (DIR/../qwen3 -> OUT/qwen3), and "
+                  "record the result in that fixture's reference.json")
   args = ap.parse_args()
   torch.set_num_threads(1)
   torch.use_deterministic_algorithms(True)
   transformers.logging.set_verbosity_error()
   transformers.utils.logging.disable_progress_bar()
   root = pathlib.Path(args.out)
+  if args.check_export:
+    for d in map(pathlib.Path, args.check_export):
+      print(f"{d}: {json.dumps(check_export(d, root / d.name))}", file=sys.stderr)
+    return
   for name in args.families.split(","):
     for d in root.glob(f"{name}*"):
       shutil.rmtree(d)
