@@ -142,6 +142,16 @@ def test_sharded_export_reads_back(loaded, tmp_path):
   assert not (out / "model.safetensors.index.json").exists() and len(list(out.glob("model*.safetensors"))) == 1
 
 
+def test_sharded_params_export_as_the_whole_tensors(loaded, tmp_path):
+  """Params spread over an fsdp=4 x tensor=2 mesh are gathered tensor by tensor: the same files as from host."""
+  sharded = load_pretrained(ROOT / "qwen2", mesh=make_mesh("fsdp=4,tensor=2"))
+  assert any(len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated
+             for x in jax.tree.leaves(sharded.params))
+  a = export_pretrained(sharded.params, sharded.cfg, tmp_path / "a", family="qwen2")
+  b = export_pretrained(loaded["qwen2"].params, loaded["qwen2"].cfg, tmp_path / "b", family="qwen2")
+  assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+
+
 def test_refusals(loaded, tmp_path):
   qwen3 = loaded["qwen3"]
   cases = [(dict(family="llama"), "model.qk_norm=True but llama has qk_norm=False (this model exports as qwen3)"),
