@@ -21,7 +21,7 @@ TINY = ["rollout.max_slots=16", "rollout.max_prefill_len=48", "rollout.prefill_b
         "data.prompts_per_step=4", "data.samples_per_prompt=2", "data.num_eval=4", "data.long_prompts=truncate",
         "pipeline.eval_every=2", "pipeline.eval_samples=1", "checkpoint.every_steps=2", "logging.tensorboard=false",
         "logging.progress=false", "mesh.generator_devices=4", "mesh.spec=data=-1", "mesh.generator_spec=data=-1",
-        f"model.pretrained={QWEN3}", f"data.tokenizer={QWEN3 / 'tokenizer.json'}"]
+        f"model.pretrained={QWEN3}", f"data.tokenizer={QWEN3}"]
 
 
 def _rows(path: pathlib.Path, seed: int) -> pathlib.Path:

@@ -88,7 +88,7 @@ class RLJob:
     self.shapes = s = types.StepShapes.from_config(cfg, jax.process_count())
     self.policy = make_policy(cfg.model)
     # prompts -> rollouts -> rewards
-    self.tokenizer = make_tokenizer(d)
+    self.tokenizer = make_tokenizer(d, vocab_size=cfg.model.vocab_size)
     validate_with_tokenizer(cfg, self.tokenizer)
     self.task = make_task(d)
     npr = NPRState(d.npr)
@@ -99,7 +99,7 @@ class RLJob:
     self.rewards = make_reward_runner(d, self.task.reward)
     it = r.interruption
     self.engine = Engine(self.policy, r, self.generator_layout.mesh, rules=self.generator_layout.rules,
-                         stop_ids=[self.tokenizer.eos_id], phrase_ids=self.tokenizer.encode(it.phrase),
+                         stop_ids=list(self.tokenizer.eos_ids), phrase_ids=self.tokenizer.encode(it.phrase),
                          end_marker_ids=self.tokenizer.encode(it.end_marker))
     # each process draws its own random streams (one process: the run's seed itself)
     self.driver = RolloutDriver(self.engine, seed=cfg.seed + _PROCESS_SEED_STRIDE * jax.process_index())
