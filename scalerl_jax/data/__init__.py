@@ -1,8 +1,11 @@
 """Prompts: sources, tokenizers, built-in tasks, the grain prompt stream and No-Positive-Resampling.
 
   sources.py        JSONL / Parquet rows -> Records (field mapping, stable ids, bad-row handling)
-  tokenizer.py      CharTokenizer (built-in tasks) and HFTokenizer (tokenizer.json + `{prompt}` chat template)
+  tokenizer.py      CharTokenizer (built-in tasks), HFTokenizer (tokenizer.json + `{prompt}` template) and
+                    PretrainedTokenizer (a Hugging Face checkpoint: special ids, several EOS ids, chat template)
+  chat.py           the checkpoint's Jinja chat template rendered as transformers renders it
   tasks.py          built-in addition and countdown tasks (train / warm-start-val / eval splits), file datasets
+                    (held-out rows by hash, or data.eval_path)
   arith.py          safe integer-expression evaluation for the countdown verifier
   npr.py            No-Positive-Resampling pass-rate history
   prompt_stream.py  grain prompt stream: per-epoch shuffle, NPR filter, process shards, exact resume
