@@ -268,3 +268,24 @@ def test_export_cli_imported_run_needs_no_flags(imported_run, tmp_path, capsys):
     assert (tmp_path / "z" / "tokenizer.json").is_file()
   finally:
     moved.rename(hf_dir)
+
+
+def test_export_after_real_rl_steps_reads_back_as_the_trained_params(tmp_path, capsys):
+  """configs/math_hf.yaml trains the imported qwen3 fixture for two RL steps (a checkpoint at step 2); export.py
+  with no flags (family and tokenizer from the run's model.pretrained) writes the step-2 params."""
+  from scalerl_jax.config import load_config
+  from scalerl_jax.pipeline.job import RLJob
+  from tests.test_math_hf import ROOT as REPO, TINY, _rows
+
+  data, held_out = _rows(tmp_path / "train.jsonl", seed=0), _rows(tmp_path / "eval.jsonl", seed=1)
+  run = tmp_path / "run"
+  job = RLJob(load_config(REPO / "configs" / "math_hf.yaml", [f"run_dir={run}", f"data.path={data}",
+                                                              f"data.eval_path={held_out}", *TINY,
+                                                              "pipeline.steps=2"]), progress=False)
+  job.run()
+  assert job.ckpt.latest_step() == 2
+  assert cli.main([str(run), "--out", str(tmp_path / "hf")]) == 0
+  assert "exported checkpoint 2" in capsys.readouterr().out
+  got, trained = flat(load_pretrained(tmp_path / "hf").params), flat(job.state.params)
+  assert got.keys() == trained.keys() and all(np.array_equal(got[k], trained[k]) for k in trained)
+  assert (tmp_path / "hf" / "chat_template.jinja").is_file()
