@@ -16,15 +16,20 @@ def test_signal_checkpoints_at_the_step_boundary_and_exits(tmp_path, sig, flags,
   run_dir = tmp_path / "run"
   command = [*_command(run_dir), *flags, "pipeline.steps=100000", "pipeline.eval_every=0",
              "checkpoint.every_steps=100000"]
-  proc = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL)
-  prompts = run_dir / "consumed_prompts.jsonl"
-  deadline = time.time() + 240
-  while len(_lines(prompts)) < 2:  # a few steps in: the signal lands in the middle of the loop
-    assert proc.poll() is None and time.time() < deadline, proc.stdout.read().decode()[-3000:]
-    time.sleep(0.05)
-  proc.send_signal(sig)
-  out = proc.communicate(timeout=240)[0].decode()
+  log = tmp_path / "log.txt"  # a file, not a pipe: a child never blocks on output nobody reads
+  with open(log, "wb") as out_file:
+    proc = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=out_file, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    prompts = run_dir / "consumed_prompts.jsonl"
+    hang_guard = time.time() + 600  # only so that a broken run fails instead of hanging the suite
+    while len(_lines(prompts)) < 2:  # a few steps in: the signal lands in the middle of the loop
+      if proc.poll() is not None or time.time() > hang_guard:
+        proc.kill()
+        pytest.fail(f"the run ended or hung before its second step:\n{log.read_text()[-3000:]}")
+      time.sleep(0.05)
+    proc.send_signal(sig)
+    proc.wait(timeout=600)
+  out = log.read_text()
   assert proc.returncode == code, out[-3000:]
   assert f"{signal.Signals(sig).name}: checkpointing at the next step boundary" in out
   consumed = len(_lines(prompts))
