@@ -51,6 +51,9 @@ class Sample:
   forced: np.ndarray  # bool[N] True for tokens inserted by forced interruption (no loss)
   truncated: bool  # ran out of budget without a stop token
   interrupted: bool  # the thinking budget was hit and the phrase inserted
+  # MoE: int16[L + N - 1, X, k] the generator's top-k experts of every position it ran through the model (the
+  # prompt's but its last from prefill, then each fed token from decode), per MoE layer X; None for a dense policy
+  routes: Optional[np.ndarray] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +99,7 @@ class PackedRows:
   success_PG: np.ndarray  # bool
   truncated_PG: np.ndarray  # bool
   lengths_PG: np.ndarray  # int32 completion tokens
+  routes_BTXk: Optional[np.ndarray] = None  # int16 MoE: the samples' recorded experts, -1 where none (Sample.routes)
 
 
 @jax.tree_util.register_dataclass
@@ -110,6 +114,7 @@ class TrainBatch:
   sample_weights: Any  # float32[B] sequence-level aggregation weights (GSPO): loss = sum(w_b * seq_loss_b)
   prompt_lengths: Any = None  # int32[B] prompt tokens at the start of each row (shared-prompt trainer)
   ref_logprobs: Optional[Any] = None  # float32[B, T], only when a KL penalty is on
+  routes: Optional[Any] = None  # int16[B, T, X, k] MoE: the generator's experts per token and MoE layer (-1: none)
 
   # Which fields are per row [B] and which per token [B, T] (the layout every builder below follows).
   ROW_FIELDS = ("advantages", "sample_weights", "prompt_lengths")
@@ -117,18 +122,23 @@ class TrainBatch:
   DTYPES = {"tokens": np.int32, "prompt_lengths": np.int32}  # float32 otherwise
 
   @classmethod
-  def of(cls, rows: Any, tokens: Any) -> "TrainBatch":
-    """The batch whose row fields are `rows` and whose token fields are `tokens` (shardings, specs, ...)."""
-    return cls(**{f: rows for f in cls.ROW_FIELDS}, **{f: tokens for f in cls.TOKEN_FIELDS})
+  def of(cls, rows: Any, tokens: Any, routes: Any = None) -> "TrainBatch":
+    """The batch whose row fields are `rows` and whose token fields are `tokens` (shardings, specs, ...); `routes`
+    for an MoE policy's recorded experts."""
+    return cls(**{f: rows for f in cls.ROW_FIELDS}, **{f: tokens for f in cls.TOKEN_FIELDS}, routes=routes)
 
   @classmethod
-  def abstract(cls, B: int, T: int, shardings: Optional["TrainBatch"] = None) -> "TrainBatch":
-    """ShapeDtypeStructs of a [B, T] batch (with `shardings`, a TrainBatch of shardings, attached)."""
+  def abstract(cls, B: int, T: int, shardings: Optional["TrainBatch"] = None,
+               routes_Xk: Optional[tuple[int, int]] = None) -> "TrainBatch":
+    """ShapeDtypeStructs of a [B, T] batch (with `shardings`, a TrainBatch of shardings, attached); `routes_Xk`:
+    (MoE layers, experts per token) of the routes field."""
     def spec(name: str):
       shape = (B,) if name in cls.ROW_FIELDS else (B, T)
       sh = None if shardings is None else getattr(shardings, name)
       return jax.ShapeDtypeStruct(shape, cls.DTYPES.get(name, np.float32), sharding=sh)
-    return cls(**{f: spec(f) for f in cls.ROW_FIELDS + cls.TOKEN_FIELDS})
+    routes = None if routes_Xk is None else jax.ShapeDtypeStruct(
+        (B, T) + tuple(routes_Xk), np.int16, sharding=None if shardings is None else shardings.routes)
+    return cls(**{f: spec(f) for f in cls.ROW_FIELDS + cls.TOKEN_FIELDS}, routes=routes)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,11 +38,11 @@ def test_make_policy_dispatches_on_family(policy_params):
   assert isinstance(made, Policy) and made.decoder is transformer.Transformer
   assert made.param_shapes == policy.param_shapes
   assert flops_per_token(CFG, 10, backward=True) == 3 * transformer.flops_per_token(CFG, 10) > 0
-  moe = dataclasses.replace(CFG)
-  object.__setattr__(moe, "family", "moe")  # config validation refuses it at construction; test the model's check
+  unknown = dataclasses.replace(CFG)
+  object.__setattr__(unknown, "family", "rwkv")  # config validation refuses it at construction; test the model's
   for build in (make_policy, Policy, param_count, lambda c: flops_per_token(c, 10)):
-    with pytest.raises(ValueError, match="model.family='moe'"):
-      build(moe)
+    with pytest.raises(ValueError, match="model.family='rwkv'"):
+      build(unknown)
 
 
 def test_params_round_trip_through_safetensors(policy_params, tmp_path):
@@ -71,7 +71,7 @@ def test_causality_gradient_is_exactly_zero(policy_params):
     module = policy.module(params)
     sin_cos = rope_angles(positions, CFG)
     for block in module.blocks:
-      x, _ = block(x, positions, sin_cos, None)
+      x, _, _ = block(x, positions, sin_cos, None)
     return module.final_norm(x)[0, t].sum()
 
   grad_fn = jax.jit(jax.grad(out_at), static_argnums=1)
@@ -146,7 +146,7 @@ def test_completion_logprobs_compute_each_prompt_once_and_equal_full_rows(policy
   shared_jaxpr = str(jax.make_jaxpr(shared)(params))
   assert f"[4,{width},{CFG.hidden}]" in shared_jaxpr and f"[{4 * G},{T},{CFG.hidden}]" not in shared_jaxpr
 
-  logp, got_cols = completion_logprobs(policy, params, tokens, prompt_len, G, width, N)
+  logp, got_cols, _ = completion_logprobs(policy, params, tokens, prompt_len, G, width, N)
   np.testing.assert_array_equal(np.asarray(got_cols), cols)
   ref = np.take_along_axis(np.asarray(token_logprobs(policy, params, tokens)), np.minimum(cols, T - 1), axis=1)
   np.testing.assert_allclose(np.asarray(logp)[inside], ref[inside], atol=1e-5)

@@ -28,7 +28,8 @@ class ConfigError(UserError, ValueError):
 
 
 # Names chosen by one key each: OmegaConf rejects any other value (YAML and overrides keep these spellings).
-ModelFamily = Literal["dense"]  # moe lands with its own issue
+ModelFamily = Literal["dense", "moe"]  # moe: mixture-of-experts MLPs (the model.num_experts keys)
+MoEDispatch = Literal["ragged", "dense"]  # ragged: sorted tokens + grouped matmul; dense: one-hot, tiny tests
 DType = Literal["float32", "bfloat16"]
 RopeScaling = Literal["default", "llama3"]  # "llama3": Llama-3.1 frequency scaling (transformers' rope_type llama3)
 LossName = Literal["cispo", "reinforce", "grpo", "ppo", "dapo", "gspo"]
@@ -88,6 +89,28 @@ class ModelConfig(_Choices):
   param_dtype: DType = "float32"
   fp32_lm_head: bool = True  # LM-head matmul accumulates and returns fp32 in trainer and sampler
   max_seq_len: int = 32  # RoPE / KV-cache capacity: holds rollout.max_prefill_len + rollout.max_new_tokens
+  # mixture of experts (model.family=moe; scalerl_jax/model/moe.py)
+  num_experts: int = 0  # E routed experts per MoE layer (0 with the dense family)
+  experts_per_token: int = 2  # k: top-k routing
+  moe_intermediate: int = 0  # each expert's SwiGLU width (0: model.intermediate)
+  norm_topk_prob: bool = True  # renormalise the k gate weights to sum 1 (Qwen3-MoE norm_topk_prob, Mixtral)
+  shared_expert_intermediate: int = 0  # width of an always-on shared SwiGLU expert per MoE layer (0: none)
+  decoder_sparse_step: int = 1  # layer i is MoE when (i + 1) % step == 0 and i is not in mlp_only_layers
+  mlp_only_layers: Tuple[int, ...] = ()  # layers kept dense (their MLP has model.intermediate)
+  moe_dispatch: MoEDispatch = "ragged"
+
+  @property
+  def moe_layers(self) -> tuple[int, ...]:
+    """The layers whose MLP is a mixture of experts, in order (none with the dense family)."""
+    if self.family != "moe":
+      return ()
+    step = max(self.decoder_sparse_step, 1)
+    return tuple(i for i in range(self.num_layers) if (i + 1) % step == 0 and i not in self.mlp_only_layers)
+
+  @property
+  def expert_width(self) -> int:
+    """Each routed expert's SwiGLU width."""
+    return self.moe_intermediate or self.intermediate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +146,9 @@ class RolloutConfig:
   top_p: float = 1.0
   top_k: int = 0  # 0 = off
   interruption: InterruptionConfig = dataclasses.field(default_factory=InterruptionConfig)
+  # MoE: the generator records each token's top-k experts per MoE layer; on, the trainer's forward routes through
+  # those experts (its own router still sets the gate weights) instead of its own top-k
+  routing_replay: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +173,10 @@ class LossConfig(_Choices):
   length_penalty_max: int = 24  # L_max
   length_penalty_cache: int = 4  # L_cache
   adv_eps: float = 1e-6
+  # MoE router losses (model.family=moe), added to the policy loss: load balance (1 under uniform routing) and
+  # router z-loss (mean squared log-partition of the router logits)
+  router_aux_coef: float = 1e-3  # Qwen3-MoE's router_aux_loss_coef
+  router_z_coef: float = 1e-3  # ST-MoE's z-loss coefficient
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,6 +341,7 @@ __all__ = [
     "MeshConfig",
     "ModelConfig",
     "ModelFamily",
+    "MoEDispatch",
     "NPRConfig",
     "NPRHistory",
     "OptimizerConfig",

@@ -37,6 +37,21 @@ def validate(cfg: RunConfig) -> RunConfig:
       default = getattr(defaults, f)
       need(getattr(m, f) == default, f"model.{f}",
            f"is only used with model.rope_scaling=llama3: set that, or leave this key at its default {default!r}")
+  if m.family == "moe":
+    need(m.num_experts >= 2, "model.num_experts", "must be >= 2 with model.family=moe")
+    need(1 <= m.experts_per_token <= max(m.num_experts, 1), "model.experts_per_token",
+         f"must be in [1, model.num_experts={m.num_experts}]")
+    need(m.moe_intermediate >= 0, "model.moe_intermediate", "must be >= 0 (0: model.intermediate)")
+    need(m.shared_expert_intermediate >= 0, "model.shared_expert_intermediate", "must be >= 0 (0: none)")
+    need(m.decoder_sparse_step >= 1, "model.decoder_sparse_step", "must be >= 1")
+    need(all(0 <= i < m.num_layers for i in m.mlp_only_layers), "model.mlp_only_layers",
+         f"must list layers in [0, model.num_layers={m.num_layers})")
+    need(bool(m.moe_layers) or m.decoder_sparse_step < 1, "model.mlp_only_layers",
+         "leaves no MoE layer (with model.decoder_sparse_step): use model.family=dense")
+  else:
+    need(m.num_experts == 0, "model.num_experts", "is only used with model.family=moe: set that, or leave it 0")
+  need(cfg.loss.router_aux_coef >= 0, "loss.router_aux_coef", "must be >= 0")
+  need(cfg.loss.router_z_coef >= 0, "loss.router_z_coef", "must be >= 0")
   r = cfg.rollout
   need(r.max_slots > 0, "rollout.max_slots", "must be positive")
   need(r.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)")

@@ -217,10 +217,11 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-  """SwiGLU: down(silu(x W_gate) * (x W_up))."""
+  """SwiGLU: down(silu(x W_gate) * (x W_up)); `width` defaults to model.intermediate (an MoE's shared expert
+  passes its own)."""
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-    D, F = cfg.hidden, cfg.intermediate
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, width: Optional[int] = None):
+    D, F = cfg.hidden, width or cfg.intermediate
     pd = dtype_of(cfg.param_dtype)
     self.gate = normal_param(rngs, (D, F), ("embed", "mlp"), D ** -0.5, pd)
     self.up = normal_param(rngs, (D, F), ("embed", "mlp"), D ** -0.5, pd)

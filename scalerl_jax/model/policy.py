@@ -22,6 +22,7 @@ from flax import nnx
 from scalerl_jax.config import ModelConfig
 from scalerl_jax.model import transformer
 from scalerl_jax.model.layers import LayerCache, SharedPrefix, dtype_of
+from scalerl_jax.model.moe import RouterStats, Routing
 
 Params = Any  # nested dict of arrays
 
@@ -29,13 +30,16 @@ Params = Any  # nested dict of arrays
 @dataclasses.dataclass(frozen=True)
 class Family:
   """What a model family supplies. `decoder(cfg, rngs)` is an nnx module whose params carry `logical_axes`, with
-  `__call__(tokens_BT, positions_BT, cache, prefix) -> (h_BTD, [LayerCache] per layer)` and `logits(h_BTD)`."""
+  `__call__(tokens_BT, positions_BT, cache, prefix, routing) -> (h_BTD, [LayerCache] per layer, [RouterStats] per
+  MoE layer)` and `logits(h_BTD)`."""
   decoder: Callable[[ModelConfig, nnx.Rngs], nnx.Module]
-  param_count: Callable[[ModelConfig], int]  # analytic, equals the initialised tree's size
+  param_count: Callable[..., int]  # (cfg, active=False), analytic, equals the initialised tree's size
   flops_per_token: Callable[[ModelConfig, int, bool], float]  # (cfg, context, backward) -> matmul FLOPs
 
 
-_FAMILIES = {"dense": Family(transformer.Transformer, transformer.param_count, transformer.flops_per_token)}
+# one decoder serves both: `cfg.moe_layers` (empty for dense) decides which layers hold experts
+_FAMILIES = {name: Family(transformer.Transformer, transformer.param_count, transformer.flops_per_token)
+             for name in ("dense", "moe")}
 
 
 def family_of(cfg: ModelConfig) -> Family:
@@ -77,9 +81,15 @@ class Policy:
               prefix: Optional[list[SharedPrefix]] = None):
     """Hidden states [B, T, D] and the per-layer KV (the cache updated in place when one is given; with a
     `prefix`, the tokens also attend to that read-only KV)."""
+    return self.forward_routed(params, tokens_BT, positions_BT, cache, prefix)[:2]
+
+  def forward_routed(self, params: Params, tokens_BT, positions_BT=None, cache: Optional[list[LayerCache]] = None,
+                     prefix: Optional[list[SharedPrefix]] = None, routing: Optional[Routing] = None):
+    """`forward` plus the RouterStats of each MoE layer ([] for a dense model); `routing` passes the generator's
+    recorded experts (compared with this model's choice, or replayed) and the tokens the statistics count."""
     if positions_BT is None:
       positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
-    return self.module(params)(tokens_BT, positions_BT, cache, prefix)
+    return self.module(params)(tokens_BT, positions_BT, cache, prefix, routing)
 
   def logits(self, params: Params, h_BTD):
     return self.module(params).logits(h_BTD)
@@ -106,13 +116,21 @@ def token_logprobs(policy: Policy, params: Params, tokens_BT, temperature: float
   importance ratio compares the two. Top-p / top-k truncation is not replicated here: with them on, the
   sampler's recorded log-probs are of the truncated distribution and the ratio absorbs the difference.
   """
-  h_BTD, _ = policy.forward(params, tokens_BT)
+  return token_logprobs_routed(policy, params, tokens_BT, temperature)[0]
+
+
+def token_logprobs_routed(policy: Policy, params: Params, tokens_BT, temperature: float = 1.0,
+                          routing: Optional[Routing] = None):
+  """(`token_logprobs`, RouterStats per MoE layer) with `routing` given to the forward (see `Policy.forward_routed`;
+  its arrays are aligned with `tokens_BT`)."""
+  h_BTD, _, router = policy.forward_routed(params, tokens_BT, routing=routing)
   logp_BT1 = _gather_logprobs(policy.logits(params, h_BTD[:, :-1]), tokens_BT[:, 1:], temperature)
-  return jnp.pad(logp_BT1, ((0, 0), (1, 0)))
+  return jnp.pad(logp_BT1, ((0, 0), (1, 0))), router
 
 
 def completion_logprobs(policy: Policy, params: Params, tokens_BT, prompt_len_B, group_size: int,
-                        prompt_width: int, completion_width: int, temperature: float = 1.0):
+                        prompt_width: int, completion_width: int, temperature: float = 1.0,
+                        routing: Optional[Routing] = None):
   """The log-probs `token_logprobs` gives on each row's completion, with each prompt computed once per group.
 
   Rows are prompt-major groups: rows [p*G, (p+1)*G) hold the same prompt in `tokens[b, :prompt_len_B[b]]`
@@ -120,28 +138,41 @@ def completion_logprobs(policy: Policy, params: Params, tokens_BT, prompt_len_B,
   prompt runs through the model on B/G rows; the completions attend to its KV, repeated over the group, and to
   themselves. For RL groups (8-16 samples of one prompt) this removes the prompt's share of the trainer's work.
 
-  Returns (logp_BN, cols_BN): `logp_BN[b, t] == token_logprobs(policy, params, tokens_BT)[b, cols_BN[b, t]]`
+  `routing` (MoE), aligned with `tokens_BT`: the prompt pass reads each group's first row, the completion pass
+  the completion columns (mask off past the row's end).
+
+  Returns (logp_BN, cols_BN, router): `logp_BN[b, t] == token_logprobs(policy, params, tokens_BT)[b, cols_BN[b, t]]`
   with `cols_BN[b, t] = prompt_len_B[b] + t` for t < `completion_width`; columns at or past the row's end
-  (cols >= T) read 0.
+  (cols >= T) read 0. `router`: the RouterStats of each MoE layer, summed over both passes.
   """
   B, T = tokens_BT.shape
   G = group_size
   if B % G:
     raise ValueError(f"{B} rows do not form groups of {G}")
   prompt_len_B = jnp.asarray(prompt_len_B, jnp.int32)
-  h_PLD, kv = policy.forward(params, tokens_BT[::G, :prompt_width])
   cols_BN = prompt_len_B[:, None] + jnp.arange(completion_width, dtype=jnp.int32)
-  comp_BN = jnp.take_along_axis(tokens_BT, jnp.minimum(cols_BN, T - 1), axis=1)
+  take = lambda x_BT: jnp.take_along_axis(x_BT, jnp.minimum(cols_BN, T - 1).reshape(
+      cols_BN.shape + (1,) * (x_BT.ndim - 2)), axis=1)
+  prompt_routing = comp_routing = None
+  if routing is not None:
+    ids, mask = routing.expert_ids_BTXk, routing.mask_BT
+    prompt_routing = Routing(None if ids is None else ids[::G, :prompt_width],
+                             None if mask is None else mask[::G, :prompt_width], routing.replay)
+    comp_mask = cols_BN < T if mask is None else (cols_BN < T) & take(mask).astype(bool)
+    comp_routing = Routing(None if ids is None else take(ids), comp_mask, routing.replay)
+  h_PLD, kv, router_prompt = policy.forward_routed(params, tokens_BT[::G, :prompt_width], routing=prompt_routing)
+  comp_BN = take(tokens_BT)
   prefix = [SharedPrefix(jnp.repeat(c.k_BKHS.transpose(0, 1, 3, 2), G, axis=0), jnp.repeat(c.v_BKSH, G, axis=0),
                          prompt_len_B)
             for c in kv]
-  h_BND, _ = policy.forward(params, comp_BN, cols_BN, prefix=prefix)
+  h_BND, _, router_comp = policy.forward_routed(params, comp_BN, cols_BN, prefix=prefix, routing=comp_routing)
   # the first completion token is predicted from the prompt's last position
   last_PL = jax.nn.one_hot(prompt_len_B[::G] - 1, prompt_width, dtype=h_PLD.dtype)
   last_PD = jnp.einsum("PL,PLD->PD", last_PL, h_PLD)
   h_pred_BND = jnp.concatenate([jnp.repeat(last_PD, G, axis=0)[:, None], h_BND[:, :-1]], axis=1)
   logp_BN = _gather_logprobs(policy.logits(params, h_pred_BND), comp_BN, temperature)
-  return jnp.where(cols_BN < T, logp_BN, 0.0), cols_BN
+  router = [a + b for a, b in zip(router_prompt, router_comp)]
+  return jnp.where(cols_BN < T, logp_BN, 0.0), cols_BN, router
 
 
 def next_token_loss(policy: Policy, params: Params, tokens_BT, weights_BT):
@@ -152,15 +183,16 @@ def next_token_loss(policy: Policy, params: Params, tokens_BT, weights_BT):
 
 
 def make_policy(cfg: ModelConfig) -> Policy:
-  """The policy of `cfg.family` (ValueError naming `model.family` when unknown). Every family shares `Policy`'s
-  face today; a family whose face differs (say a forward that also returns router losses) returns its own class
-  here, so callers build policies with this and never name a family."""
+  """The policy of `cfg.family` (ValueError naming `model.family` when unknown). Dense and MoE share `Policy`'s
+  face (an MoE's router statistics come out of `forward_routed`, [] for dense); a family whose face differs would
+  return its own class here, so callers build policies with this and never name a family."""
   return Policy(cfg)
 
 
-def param_count(cfg: ModelConfig) -> int:
-  """Analytic parameter count of `cfg.family` (equals the initialised tree's size; checked in tests)."""
-  return family_of(cfg).param_count(cfg)
+def param_count(cfg: ModelConfig, active: bool = False) -> int:
+  """Analytic parameter count of `cfg.family` (equals the initialised tree's size; checked in tests); `active`:
+  the parameters one token uses (an MoE layer's k routed experts, not all E)."""
+  return family_of(cfg).param_count(cfg, active)
 
 
 def flops_per_token(cfg: ModelConfig, context: int, backward: bool = False) -> float:

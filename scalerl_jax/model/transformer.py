@@ -1,5 +1,6 @@
-"""Dense decoder-only policy (Llama / Qwen3 family) in Flax NNX: blocks of attention + SwiGLU MLP from `layers.py`,
-and the dense family's analytic parameter count and FLOPs.
+"""Decoder-only policy (Llama / Qwen / Mixtral families) in Flax NNX: blocks of attention + a SwiGLU MLP from
+`layers.py` or a mixture of experts from `moe.py` (model.family=moe, in the layers `ModelConfig.moe_layers` names),
+and the analytic parameter count and FLOPs of both.
 
 Array names carry their shape as a suffix (`x_BTD`, `logits_BTV`); the letters are the package legend in
 `scalerl_jax/types.py`. Parameters carry logical axis names (see `layers.py`); nothing here names a mesh axis.
@@ -21,6 +22,11 @@ RoPE here is rotate_half, the layout transformers stores q_proj / k_proj in; `L.
   blocks[i].mlp_norm.scale       [D]        norm                    L.post_attention_layernorm.weight
   blocks[i].mlp.gate / .up       [D, F]     embed, mlp              L.mlp.gate_proj / up_proj.weight [F, D] .T
   blocks[i].mlp.down             [F, D]     mlp, embed              L.mlp.down_proj.weight [D, F] .T
+  MoE layers (i in cfg.moe_layers) hold `moe` instead of `mlp` (Qwen3-MoE names; Mixtral's in model/hf.py):
+  blocks[i].moe.router           [D, E]     embed, None             L.mlp.gate.weight [E, D] .T
+  blocks[i].moe.gate / .up       [E, D, F]  expert, embed, mlp      L.mlp.experts.{e}.gate_proj / up_proj.weight
+  blocks[i].moe.down             [E, F, D]  expert, mlp, embed      L.mlp.experts.{e}.down_proj.weight
+  blocks[i].moe.shared.gate/up/down  as mlp, width shared_expert_intermediate  (when > 0)
   final_norm.scale               [D]        norm                    model.norm.weight
   lm_head                        [D, V]     embed, vocab            lm_head.weight [V, D] .T  (absent when
                                                                     tie_embeddings: the head is `embed`)
@@ -41,21 +47,30 @@ from flax import nnx
 from scalerl_jax.config import ModelConfig
 from scalerl_jax.model.layers import (MLP, Attention, LayerCache, RMSNorm, SharedPrefix, dtype_of, normal_param,
                                       rope_angles)
+from scalerl_jax.model.moe import MoE, Routing
 
 
 class Block(nnx.Module):
+  """Pre-norm attention + MLP; the MLP is a mixture of experts (`moe`) in the layers `cfg.moe_layers` names and a
+  dense SwiGLU (`mlp`) elsewhere."""
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, sparse: bool = False):
     pd = dtype_of(cfg.param_dtype)
     self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps, pd)
     self.attn = Attention(cfg, rngs)
     self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps, pd)
-    self.mlp = MLP(cfg, rngs)
+    self.mlp = None if sparse else MLP(cfg, rngs)
+    self.moe = MoE(cfg, rngs) if sparse else None
 
-  def __call__(self, x_BTD, positions_BT, sin_cos, cache, prefix=None):
+  def __call__(self, x_BTD, positions_BT, sin_cos, cache, prefix=None, recorded_BTk=None, mask_BT=None,
+               replay: bool = False):
+    """(x_BTD, layer cache, RouterStats or None)."""
     h_BTD, cache = self.attn(self.attn_norm(x_BTD), positions_BT, sin_cos, cache, prefix)
     x_BTD = x_BTD + h_BTD
-    return x_BTD + self.mlp(self.mlp_norm(x_BTD)), cache
+    if self.moe is None:
+      return x_BTD + self.mlp(self.mlp_norm(x_BTD)), cache, None
+    y_BTD, stats = self.moe(self.mlp_norm(x_BTD), recorded_BTk, mask_BT, replay)
+    return x_BTD + y_BTD, cache, stats
 
 
 class Transformer(nnx.Module):
@@ -66,23 +81,32 @@ class Transformer(nnx.Module):
     self.cfg = cfg
     # std 1/sqrt(D): with tied embeddings the LM head then starts with unit-variance logits
     self.embed = normal_param(rngs, (cfg.vocab_size, cfg.hidden), ("vocab", "embed"), cfg.hidden ** -0.5, pd)
-    self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+    sparse = set(cfg.moe_layers)
+    self.blocks = nnx.List([Block(cfg, rngs, i in sparse) for i in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.hidden, cfg.norm_eps, pd)
     self.lm_head = None if cfg.tie_embeddings else normal_param(
         rngs, (cfg.hidden, cfg.vocab_size), ("embed", "vocab"), cfg.hidden ** -0.5, pd)
 
   def __call__(self, tokens_BT, positions_BT, cache: Optional[list[LayerCache]] = None,
-               prefix: Optional[list[SharedPrefix]] = None):
-    """Hidden states and per-layer KV. `cache`: decode into it; `prefix`: attend to a read-only prefix per layer
-    as well as causally to this call's tokens; neither: causal self-attention over this call's tokens."""
+               prefix: Optional[list[SharedPrefix]] = None, routing: Optional[Routing] = None):
+    """Hidden states, per-layer KV and the RouterStats of each MoE layer (in layer order; [] for a dense model).
+    `cache`: decode into it; `prefix`: attend to a read-only prefix per layer as well as causally to this call's
+    tokens; neither: causal self-attention over this call's tokens. `routing`: the generator's recorded experts
+    (compared, or replayed) and the tokens the router statistics count."""
     x_BTD = self.embed[...].astype(dtype_of(self.cfg.dtype))[tokens_BT]
     sin_cos = rope_angles(positions_BT, self.cfg)
-    new_cache = []
+    routing = routing or Routing()
+    new_cache, router = [], []
     for i, block in enumerate(self.blocks):
-      x_BTD, layer_cache = block(x_BTD, positions_BT, sin_cos, None if cache is None else cache[i],
-                                 None if prefix is None else prefix[i])
+      recorded = routing.expert_ids_BTXk
+      x_BTD, layer_cache, stats = block(
+          x_BTD, positions_BT, sin_cos, None if cache is None else cache[i], None if prefix is None else prefix[i],
+          None if recorded is None or block.moe is None else recorded[:, :, len(router)], routing.mask_BT,
+          routing.replay)
       new_cache.append(layer_cache)
-    return self.final_norm(x_BTD), new_cache
+      if stats is not None:
+        router.append(stats)
+    return self.final_norm(x_BTD), new_cache, router
 
   def logits(self, h_BTD):
     """LM head. With `fp32_lm_head` both operands are fp32 and the matmul accumulates and returns fp32."""
@@ -98,24 +122,40 @@ class Transformer(nnx.Module):
     return jnp.einsum(spec, h_BTD.astype(dt), w.astype(dt)).astype(jnp.float32)
 
 
-def param_count(cfg: ModelConfig) -> int:
-  """Analytic parameter count (equals the initialised tree's size; checked in tests)."""
-  D, F, Q, K, H, V, layers = (cfg.hidden, cfg.intermediate, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                              cfg.vocab_size, cfg.num_layers)
-  attn = (D * Q * H + 2 * D * K * H + Q * H * D + (2 * H if cfg.qk_norm else 0)
-          + ((Q + 2 * K) * H if cfg.qkv_bias else 0))
-  block = attn + 3 * D * F + 2 * D
-  return V * D + layers * block + D + (0 if cfg.tie_embeddings else D * V)
+def _attn_params(cfg: ModelConfig) -> tuple[int, int]:
+  """(parameters, of which matmul weights) of one attention layer."""
+  D, Q, K, H = cfg.hidden, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  matmul = D * Q * H + 2 * D * K * H + Q * H * D
+  return matmul + (2 * H if cfg.qk_norm else 0) + ((Q + 2 * K) * H if cfg.qkv_bias else 0), matmul
+
+
+def _mlp_params(cfg: ModelConfig, active: bool) -> list[int]:
+  """Matmul weights of each layer's MLP: a dense SwiGLU, or an MoE layer's router + experts (+ shared expert),
+  counting all E experts, or with `active` only the k a token uses."""
+  D, E, k = cfg.hidden, cfg.num_experts, cfg.experts_per_token
+  sparse = set(cfg.moe_layers)
+  moe = D * E + (k if active else E) * 3 * D * cfg.expert_width + 3 * D * cfg.shared_expert_intermediate
+  return [moe if i in sparse else 3 * D * cfg.intermediate for i in range(cfg.num_layers)]
+
+
+def param_count(cfg: ModelConfig, active: bool = False) -> int:
+  """Analytic parameter count (equals the initialised tree's size; checked in tests). `active`: the parameters
+  one token uses (an MoE layer's k routed experts instead of all E; the same for a dense model)."""
+  D, V = cfg.hidden, cfg.vocab_size
+  block = _attn_params(cfg)[0] + 2 * D
+  return (V * D + cfg.num_layers * block + sum(_mlp_params(cfg, active)) + D
+          + (0 if cfg.tie_embeddings else D * V))
 
 
 def flops_per_token(cfg: ModelConfig, context: int, backward: bool = False) -> float:
   """Analytic matmul FLOPs for one token attending to `context` earlier positions.
 
-  forward = 2 * (matmul params, LM head included) + 4 * layers * Q * H * context (QK^T and PV);
-  forward + backward = 3x forward. Elementwise work (norms, q/k/v biases, RoPE, softmax) is not counted.
+  forward = 2 * (active matmul params, LM head included) + 4 * layers * Q * H * context (QK^T and PV);
+  forward + backward = 3x forward. An MoE layer counts its router and the k experts a token is routed to (the
+  dispatch's sort, gather and scatter are not matmuls). Elementwise work (norms, q/k/v biases, RoPE, softmax) is
+  not counted.
   """
-  D, F, Q, K, H, V, layers = (cfg.hidden, cfg.intermediate, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                              cfg.vocab_size, cfg.num_layers)
-  matmul_params = layers * (D * Q * H + 2 * D * K * H + Q * H * D + 3 * D * F) + D * V
+  Q, H, layers = cfg.num_heads, cfg.head_dim, cfg.num_layers
+  matmul_params = layers * _attn_params(cfg)[1] + sum(_mlp_params(cfg, active=True)) + cfg.hidden * cfg.vocab_size
   fwd = 2.0 * matmul_params + 4.0 * layers * Q * H * context
   return 3.0 * fwd if backward else fwd

@@ -17,7 +17,8 @@ from scalerl_jax.train.rl_loss import PromptLayout
 
 def pack_groups(groups: Sequence[types.ScoredGroup], row_len: int, pad_id: int) -> types.PackedRows:
   """Prompt-major rows (P*G) of prompt + completion tokens padded to `row_len`, with the per-token arrays
-  aligned to `tokens` (see scalerl_jax.types), each row's prompt length, and per-sample arrays as [P, G]."""
+  aligned to `tokens` (see scalerl_jax.types; an MoE policy's recorded experts too), each row's prompt length,
+  and per-sample arrays as [P, G]."""
   P, G = len(groups), len(groups[0].samples)
   B = P * G
   tokens = np.full((B, row_len), pad_id, np.int32)
@@ -27,6 +28,8 @@ def pack_groups(groups: Sequence[types.ScoredGroup], row_len: int, pad_id: int) 
   truncated = np.zeros((P, G), bool)
   lengths = np.zeros((P, G), np.int32)
   prompt_lengths = np.zeros(B, np.int32)
+  first = groups[0].samples[0].routes
+  routes = None if first is None else np.full((B, row_len) + first.shape[1:], -1, np.int16)
   for p, group in enumerate(groups):
     if len(group.samples) != G:
       raise ValueError(f"group {p} ({group.prompt.prompt_id}) has {len(group.samples)} samples, expected {G}")
@@ -40,11 +43,14 @@ def pack_groups(groups: Sequence[types.ScoredGroup], row_len: int, pad_id: int) 
       gen_logp[b, L:L + N] = s.logprobs
       versions[b, L:L + N] = s.versions
       truncated[p, g], lengths[p, g], prompt_lengths[b] = s.truncated, N, L
+      if routes is not None:  # positions 0 .. L + N - 2: the last token was never fed to the generator's model
+        routes[b, :len(s.routes)] = s.routes
   return types.PackedRows(
       prompt_ids=tuple(g.prompt.prompt_id for g in groups), tokens_BT=tokens, loss_mask_BT=mask,
       gen_logprobs_BT=gen_logp, versions_BT=versions,
       prompt_lengths_B=prompt_lengths, rewards_PG=np.stack([np.asarray(g.rewards, np.float32) for g in groups]),
-      success_PG=np.stack([np.asarray(g.success, bool) for g in groups]), truncated_PG=truncated, lengths_PG=lengths)
+      success_PG=np.stack([np.asarray(g.success, bool) for g in groups]), truncated_PG=truncated, lengths_PG=lengths,
+      routes_BTXk=routes)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -75,7 +81,7 @@ def build_train_batch(packed: types.PackedRows, cfg: LossConfig,
   batch = types.TrainBatch(tokens=packed.tokens_BT, loss_mask=packed.loss_mask_BT,
                            gen_logprobs=packed.gen_logprobs_BT, advantages=np.asarray(prep.advantages),
                            token_weights=np.asarray(prep.token_weights), sample_weights=np.asarray(prep.sample_weights),
-                           prompt_lengths=packed.prompt_lengths_B)
+                           prompt_lengths=packed.prompt_lengths_B, routes=packed.routes_BTXk)
   metrics = {k: float(v) for k, v in jax.device_get(prep.metrics).items()}
   metrics["pass_rate"] = float(np.mean(packed.success_PG))
   return batch, metrics

@@ -110,11 +110,13 @@ class RLJob:
     # loss -> update
     self.optimizer = make_optimizer(cfg.optimizer)
     self.state_sh = state_shardings(self.policy, self.optimizer, self.trainer_layout)
-    self.batch_sh = types.TrainBatch.of(rows=self.trainer_layout.batch(1, s.global_B),
-                                        tokens=self.trainer_layout.batch(2, s.global_B))
+    self.batch_sh = types.TrainBatch.of(
+        rows=self.trainer_layout.batch(1, s.global_B), tokens=self.trainer_layout.batch(2, s.global_B),
+        routes=self.trainer_layout.batch(4, s.global_B) if self.engine.routes_Xk else None)
     self.prompt_layout = PromptLayout(s.G, s.L, s.N) if cfg.trainer.shared_prompt else None
-    self.train_step = make_train_step(make_rl_loss(self.policy, cfg.loss, r.temperature, self.prompt_layout),
-                                      self.optimizer, cfg.trainer.micro_batches, self.state_sh, self.batch_sh,
+    loss_fn = make_rl_loss(self.policy, cfg.loss, r.temperature, self.prompt_layout, replay=r.routing_replay,
+                           micro_batches=cfg.trainer.micro_batches)
+    self.train_step = make_train_step(loss_fn, self.optimizer, cfg.trainer.micro_batches, self.state_sh, self.batch_sh,
                                       metrics_init=rl.empty_metrics, metrics_combine=rl.accumulate_metrics,
                                       micro_batch_block=s.G if self.prompt_layout else 1)
     # token positions the step runs through the model (each prompt once per group with the shared-prompt loss)
@@ -191,7 +193,8 @@ class RLJob:
     self.version = self.start_step
     # samples of batch b draw from keys derived from their admission number: continue the numbering on resume
     self.driver.first_uid = self.start_step * self.cfg.data.prompts_per_step
-    abstract_batch = types.TrainBatch.abstract(self.shapes.global_B, self.shapes.T, self.batch_sh)
+    abstract_batch = types.TrainBatch.abstract(self.shapes.global_B, self.shapes.T, self.batch_sh,
+                                               self.engine.routes_Xk)
     self._step_fn = self.train_step.lower(self.state, abstract_batch).compile()  # before the loop, not in it
     warm_prepare(self.shapes, self.cfg.loss)
     logger = MetricsLogger(self.run_dir, self.cfg.logging.tensorboard,

@@ -3,7 +3,7 @@
 `StepLog` holds the pending step and writes it (with an evaluation when one is due) to the sinks.
 
 Keys are `group/name`: train/ (loss diagnostics, grad and update norms, throughput), rollout/ (tokens, truncation,
-interruption, reward failures), pipeline/ (lag of the consumed tokens, weight-sync time, trainer wait, generator
+interruption, reward failures), moe/ (an MoE policy's router losses, routing mismatch and expert loads), pipeline/ (lag of the consumed tokens, weight-sync time, trainer wait, generator
 idle), data/ (epoch, NPR), compute/ (the curve's x axis, from ComputeMeter).
 """
 
@@ -17,6 +17,7 @@ from typing import Callable, Optional
 from scalerl_jax import rl, types
 from scalerl_jax.pipeline.compute import ComputeMeter
 from scalerl_jax.pipeline.sinks import MetricsLogger, ProgressBar
+from scalerl_jax.train.rl_loss import router_metrics
 
 
 def host_metrics(batch: types.ScoredBatch, packed: types.PackedRows, prepare_metrics: dict, data_metrics: dict,
@@ -44,6 +45,7 @@ def finish(record: types.StepRecord, generator_stats=None) -> dict:
   out = {**record.host_metrics,
          **{f"train/{k}": v for k, v in rl.finalize_metrics({k: v for k, v in device.items()
                                                               if k in rl.METRIC_KEYS}).items()}}
+  out.update(router_metrics(device))  # moe/...: router losses, trainer-vs-generator mismatch, expert loads
   for k in ("grad_norm", "update_norm"):
     out[f"train/{k}"] = float(device[k])
   out["train/skipped"] = int(device["skipped"])  # 1: non-finite loss or gradient, the update was not applied

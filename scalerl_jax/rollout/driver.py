@@ -97,6 +97,10 @@ class RolloutDriver:
     self._logp_BN = np.zeros((B, N), np.float32)
     self._ver_BN = np.zeros((B, N), np.int32)
     self._forced_BN = np.zeros((B, N), bool)
+    Xk = engine.routes_Xk  # MoE: each sample's recorded experts (prompt from prefill, then each decode step)
+    self._routes_BNXk = None if Xk is None else np.full((B, N) + Xk, -1, np.int16)
+    self._prompt_routes_BLXk = None if Xk is None else np.full((B, engine.cfg.max_prefill_len) + Xk, -1, np.int16)
+    self._inserted: list[int] = []  # slots filled since the last generate call (their prompt routes to fetch)
     self._groups: dict[int, _Group] = {}  # started and unfinished
     self._started: collections.deque[_Group] = collections.deque()  # started, samples left without a slot
     self._queued: collections.deque[_Group] = collections.deque()  # submitted, not started
@@ -151,7 +155,11 @@ class RolloutDriver:
     if self.idle_slots == len(self._slot_uid):
       return []
     self._state, results = self.engine.generate(params, self._state, version, self.steps, self.sampling)
-    return self._collect(jax.device_get(results))
+    results = jax.device_get(results)
+    if self._prompt_routes_BLXk is not None and self._inserted:  # before collecting: a slot may finish already
+      self._prompt_routes_BLXk[self._inserted] = self.engine.prompt_routes(self._state, self._inserted)
+    self._inserted = []
+    return self._collect(results)
 
   def generate_all(self, params: Params, version: int, prompts: Sequence[types.Prompt], n: int,
                    sampling: Optional[SamplingParams] = None, seed: Optional[int] = None,
@@ -201,6 +209,7 @@ class RolloutDriver:
           [g.uid for g, _, _ in items], [i for _, i, _ in items], self._base_key)
     for group, i, slot in plan:
       self._slot_uid[slot], self._slot_sample[slot], self._len_B[slot] = group.uid, i, 0
+    self._inserted += [slot for _, _, slot in plan]
 
   def _collect(self, res) -> list[types.RolloutGroup]:
     valid_BN = res.valid_BN
@@ -210,6 +219,8 @@ class RolloutDriver:
     self._logp_BN[rows, dst] = res.logprobs_BN[rows, cols]
     self._ver_BN[rows, dst] = res.versions_BN[rows, cols]
     self._forced_BN[rows, dst] = res.forced_BN[rows, cols]
+    if self._routes_BNXk is not None:
+      self._routes_BNXk[rows, dst] = res.routes_BNXk[rows, cols]
     self._len_B += valid_BN.sum(axis=1)
     done = np.flatnonzero(res.done_B)
     if not done.size:
@@ -229,9 +240,13 @@ class RolloutDriver:
     truncated, interrupted = res.truncated_B[done].tolist(), res.interrupted_B[done].tolist()
     for j, (slot, n) in enumerate(zip(done.tolist(), lens.tolist())):
       group = self._groups[int(self._slot_uid[slot])]
+      routes = None
+      if self._routes_BNXk is not None:  # positions 0 .. L-2 from prefill, then the n tokens fed by decode
+        routes = np.concatenate([self._prompt_routes_BLXk[slot, :len(group.tokens) - 1], self._routes_BNXk[slot, :n]])
       group.samples[int(self._slot_sample[slot])] = types.Sample(
           prompt_id=group.prompt.prompt_id, prompt_tokens=group.tokens, tokens=tok[j, :n], logprobs=logp[j, :n],
-          versions=vers[j, :n], forced=forced[j, :n], truncated=truncated[j], interrupted=interrupted[j])
+          versions=vers[j, :n], forced=forced[j, :n], truncated=truncated[j], interrupted=interrupted[j],
+          routes=routes)
       group.unfinished -= 1
       if group.unfinished == 0:
         del self._groups[group.uid]

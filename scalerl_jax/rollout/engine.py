@@ -61,6 +61,7 @@ class Prefix:
   cache: list  # list[LayerCache], k [P, K, H, Lb], v [P, K, Lb, H]
   tokens_PL: jax.Array  # int32 prompt tokens, right-padded to the bucket width Lb
   lengths_P: jax.Array  # int32 true lengths
+  routes_PLXk: Optional[jax.Array] = None  # int16 MoE: each position's top-k experts per MoE layer X
 
 
 @jax.tree_util.register_dataclass
@@ -80,6 +81,8 @@ class DecodeState:
   answer_left_B: jax.Array  # int32 sampled tokens still allowed after the phrase
   truncated_B: jax.Array  # bool: stopped by a length limit
   recent_BW: jax.Array  # int32 last W emitted tokens, W = end-marker length (matching the marker)
+  # int16 [B, max_prefill_len, X, k] MoE: the top-k experts prefill chose at each prompt position, per MoE layer
+  prompt_routes_BLXk: Optional[jax.Array] = None
 
 
 @jax.tree_util.register_dataclass
@@ -93,6 +96,8 @@ class StepResults:
   ints_BN3: jax.Array  # int32 [token, version (-1 for forced tokens), flags: VALID | FORCED]
   logprobs_BN: jax.Array  # float32, 0 for forced tokens
   rows_B4: jax.Array  # int32 [finished during this call, truncated, interrupted, tokens emitted so far]
+  # int16 MoE: the top-k experts of the token a slot fed at each step (its input, at position pos), per MoE layer
+  routes_BNXk: Optional[jax.Array] = None
 
   VALID, FORCED = 1, 2  # flag bits
 
@@ -139,6 +144,9 @@ class Engine:
       raise ValueError(f"cache_len={self.cache_len} cannot hold max_prefill_len + max_new_tokens")
     self.default_sampling = SamplingParams.from_config(cfg)
     self._version = (None, None)  # (version, its int32 scalar on the mesh)
+    # MoE: (MoE layers, experts per token) of the routes every prefill and decode step records (None: dense)
+    mc = policy.cfg
+    self.routes_Xk = (len(mc.moe_layers), mc.experts_per_token) if mc.moe_layers else None
 
     B, S, mc = cfg.max_slots, self.cache_len, policy.cfg
     self.param_shardings = mesh_lib.logical_to_sharding(policy.logical_axes, policy.param_shapes, mesh, rules)
@@ -154,6 +162,7 @@ class Engine:
     self._init_state = jax.jit(self._empty_state, out_shardings=self.state_shardings)
     self._init_params = jax.jit(policy.init, out_shardings=self.param_shardings)
     self._prefill_insert = jax.jit(self._prefill_insert_impl, donate_argnums=(1,))
+    self._prompt_routes = jax.jit(lambda state, slots: state.prompt_routes_BLXk[slots])
     self._generate = jax.jit(self._generate_sharded, static_argnames=("steps", "sampling"), donate_argnums=(1,))
     # Decode slots sharded over the mesh's "data" axis are independent, so insert and generate run per shard
     # (`over_slots`): no collectives, no step waits on a cross-device "any slot still active?", and a shard
@@ -181,7 +190,9 @@ class Engine:
         cache=self.policy.init_cache(B, self.cache_len), token_B=zi(), pos_B=zi(), n_gen_B=zi(), active_B=zb(),
         key_B=jax.random.split(jax.random.key(0), B), budget_B=zi(), force_B=zi() - 1, think_done_B=zb(),
         interrupted_B=zb(), answer_left_B=zi(), truncated_B=zb(),
-        recent_BW=zi(max(1, len(self.end_marker_ids))) - 1)
+        recent_BW=zi(max(1, len(self.end_marker_ids))) - 1,
+        prompt_routes_BLXk=None if self.routes_Xk is None else jnp.full(
+            (B, self.cfg.max_prefill_len) + self.routes_Xk, -1, jnp.int16))
 
   def _constrain(self, state: DecodeState) -> DecodeState:
     return jax.lax.with_sharding_constraint(state, self.state_shardings)
@@ -200,8 +211,8 @@ class Engine:
   # ---- prefill / insert ------------------------------------------------------------------------------------
   def prefill_rows(self, params, tokens_PL, lengths_P) -> Prefix:
     """The forward over padded prompts (traceable): KV of every bucket position."""
-    _, cache = self.policy.forward(params, tokens_PL)
-    return Prefix(cache=cache, tokens_PL=tokens_PL, lengths_P=lengths_P)
+    _, cache, router = self.policy.forward_routed(params, tokens_PL)
+    return Prefix(cache=cache, tokens_PL=tokens_PL, lengths_P=lengths_P, routes_PLXk=_stack_routes(router))
 
   def insert_rows(self, state: DecodeState, prefix: Prefix, plan_4M, base_key) -> DecodeState:
     """Scatter prefix rows into this shard's slots (traceable; run it through `over_slots`). `plan_4M` rows:
@@ -235,7 +246,9 @@ class Engine:
         budget_B=put(state.budget_B, budget_M), force_B=put(state.force_B, -1),
         think_done_B=put(state.think_done_B, False), interrupted_B=put(state.interrupted_B, False),
         answer_left_B=put(state.answer_left_B, 0), truncated_B=put(state.truncated_B, False),
-        recent_BW=put(state.recent_BW, jnp.full((M, state.recent_BW.shape[1]), -1, jnp.int32)))
+        recent_BW=put(state.recent_BW, jnp.full((M, state.recent_BW.shape[1]), -1, jnp.int32)),
+        prompt_routes_BLXk=None if prefix.routes_PLXk is None else
+        state.prompt_routes_BLXk.at[slots_M, :Lb].set(prefix.routes_PLXk[rows_M], mode="drop"))
     return state
 
   def _prefill_insert_impl(self, params, state, tokens_PL, lengths_P, plan_4M, base_key):
@@ -273,6 +286,13 @@ class Engine:
     return self._prefill_insert(params, state, tokens_PL, lengths_P, self.pad_inserts(rows, slots, uids, samples),
                                 base_key)
 
+  def prompt_routes(self, state: DecodeState, slots: Sequence[int]) -> np.ndarray:
+    """MoE: host int16 [len(slots), max_prefill_len, X, k], the experts prefill chose for the prompts now in
+    `slots` (positions past a prompt's bucket read -1)."""
+    padded = np.zeros((_pow4(len(slots), 8),), np.int32)
+    padded[:len(slots)] = slots
+    return np.asarray(jax.device_get(self._prompt_routes(state, padded)))[:len(slots)]
+
   # ---- generate --------------------------------------------------------------------------------------------
   def generate(self, params: Params, state: DecodeState, version: int = 0, steps: Optional[int] = None,
                sampling: Optional[SamplingParams] = None) -> tuple[DecodeState, StepResults]:
@@ -292,6 +312,8 @@ class Engine:
     """The decode loop over this shard's slots (all slots on a mesh without a sharded data axis)."""
     B, N = state.token_B.shape[0], steps
     out = (jnp.zeros((B, N, 3), jnp.int32).at[:, :, 1].set(-1), jnp.zeros((B, N), jnp.float32))
+    if self.routes_Xk is not None:
+      out += (jnp.full((B, N) + self.routes_Xk, -1, jnp.int16),)
 
     def cond(carry):
       i, st, _ = carry
@@ -309,11 +331,12 @@ class Engine:
     _, final, out = jax.lax.while_loop(cond, body, (jnp.int32(0), state, out))
     rows_B4 = jnp.stack([state.active_B & ~final.active_B, final.truncated_B, final.interrupted_B],
                         axis=1).astype(jnp.int32)
-    return final, StepResults(*out, rows_B4=jnp.concatenate([rows_B4, final.n_gen_B[:, None]], axis=1))
+    return final, StepResults(*out[:2], rows_B4=jnp.concatenate([rows_B4, final.n_gen_B[:, None]], axis=1),
+                              routes_BNXk=out[2] if len(out) > 2 else None)
 
   def _decode_step(self, params, st: DecodeState, version, sp: SamplingParams, u_B2):
     cfg, it = self.cfg, self.cfg.interruption
-    h_B1D, cache = self.policy.forward(params, st.token_B[:, None], st.pos_B[:, None], st.cache)
+    h_B1D, cache, router = self.policy.forward_routed(params, st.token_B[:, None], st.pos_B[:, None], st.cache)
     logits_BV = self.policy.logits(params, h_B1D)[:, 0]
     sampled_B, logp_B = sampling_lib.sample(logits_BV, u_B2, sp)
     act = st.active_B
@@ -347,7 +370,16 @@ class Engine:
         cache=cache, token_B=jnp.where(act, tok, st.token_B), pos_B=st.pos_B + act, n_gen_B=n_gen,
         active_B=act & ~stop & ~trunc, key_B=st.key_B, budget_B=st.budget_B, force_B=force_B,
         think_done_B=think_done, interrupted_B=interrupted, answer_left_B=answer_left,
-        truncated_B=st.truncated_B | trunc, recent_BW=recent)
+        truncated_B=st.truncated_B | trunc, recent_BW=recent, prompt_routes_BLXk=st.prompt_routes_BLXk)
     flags = act * StepResults.VALID + forcing * StepResults.FORCED
     cols = (jnp.stack([tok, jnp.where(forcing, -1, version), flags], axis=1), jnp.where(forcing, 0.0, logp_B))
+    if self.routes_Xk is not None:
+      cols += (_stack_routes(router)[:, 0],)
     return new, cols
+
+
+def _stack_routes(router):
+  """int16 [B, T, X, k]: the own top-k ids ([B, T, k]) of each MoE layer's RouterStats; None for a dense policy."""
+  if not router:
+    return None
+  return jnp.stack([r.expert_ids_BTk for r in router], axis=2).astype(jnp.int16)

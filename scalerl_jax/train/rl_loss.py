@@ -1,6 +1,15 @@
 """The RL loss the train step runs: the policy's log-probs of a TrainBatch's tokens (at the sampling temperature)
 fed to the configured policy loss from `scalerl_jax.rl`. Everything that is a function of params lives here; the
-pure objective of arrays lives in `rl/`. The MoE auxiliary losses and a KL reference join this file.
+pure objective of arrays lives in `rl/`. A KL reference joins this file.
+
+MoE policies (model.family=moe): the trainer's forward gets the generator's recorded experts (`TrainBatch.routes`,
+replayed when rollout.routing_replay is on), and the router losses are added here, not inside the model:
+
+    loss = policy loss + (router_aux_coef * mean_l aux_l + router_z_coef * mean_l z_l) / micro_batches
+
+with aux_l and z_l of MoE layer l over the micro-batch's tokens (prompt and sampled completion tokens;
+`model.moe.load_balance_loss`, `model.moe.z_loss`), so the sum over micro-batches is their mean. The step's metric
+sums gain `moe_*` keys, turned into `moe/...` metrics by `router_metrics`.
 """
 
 from __future__ import annotations
@@ -8,11 +17,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from scalerl_jax import rl, types
 from scalerl_jax.config import LossConfig
-from scalerl_jax.model import Policy, completion_logprobs, token_logprobs
+from scalerl_jax.model import Policy, RouterStats, Routing, completion_logprobs, token_logprobs_routed
+from scalerl_jax.model.moe import load_balance_loss, z_loss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,12 +50,14 @@ def completion_view(batch: types.TrainBatch, cols_BN) -> types.TrainBatch:
   return types.TrainBatch(tokens=take(batch.tokens), loss_mask=off(take(batch.loss_mask)),
                           gen_logprobs=take(batch.gen_logprobs), advantages=batch.advantages,
                           token_weights=off(take(batch.token_weights)), sample_weights=batch.sample_weights,
-                          ref_logprobs=take(batch.ref_logprobs))
+                          ref_logprobs=take(batch.ref_logprobs))  # routes: the forward reads them, the loss not
 
 
-def make_rl_loss(policy: Policy, cfg: LossConfig, temperature: float, layout: Optional[PromptLayout] = None):
+def make_rl_loss(policy: Policy, cfg: LossConfig, temperature: float, layout: Optional[PromptLayout] = None,
+                 replay: bool = False, micro_batches: int = 1):
   """loss_fn(params, micro_batch) for the train step: trainer log-probs at the sampling temperature, then the
-  configured policy loss (additive over micro-batches).
+  configured policy loss (additive over micro-batches), plus the router losses of an MoE policy (module
+  docstring; `replay`: route through the batch's recorded experts; `micro_batches`: the step's count).
 
   With a `layout`, each prompt runs through the model once per group (`completion_logprobs`) and the loss reads
   the batch in completion columns: the same loss and gradient (the weights are 0 on prompt tokens), with the
@@ -51,12 +65,61 @@ def make_rl_loss(policy: Policy, cfg: LossConfig, temperature: float, layout: Op
   whole groups.
   """
   t = temperature if temperature > 0 else 1.0
+  k = policy.cfg.experts_per_token
 
   def loss_fn(params, batch: types.TrainBatch):
+    routing = None
+    if policy.cfg.moe_layers:
+      routing = Routing(batch.routes, router_token_mask(batch), replay=replay and batch.routes is not None)
     if layout is None:
-      return rl.policy_loss(token_logprobs(policy, params, batch.tokens, temperature=t), batch, cfg)
-    logp_BN, cols_BN = completion_logprobs(policy, params, batch.tokens, batch.prompt_lengths, layout.group_size,
-                                           layout.prompt_width, layout.completion_width, temperature=t)
-    return rl.policy_loss(logp_BN, completion_view(batch, cols_BN), cfg)
+      logp_BT, router = token_logprobs_routed(policy, params, batch.tokens, temperature=t, routing=routing)
+      loss, metrics = rl.policy_loss(logp_BT, batch, cfg)
+    else:
+      logp_BN, cols_BN, router = completion_logprobs(
+          policy, params, batch.tokens, batch.prompt_lengths, layout.group_size, layout.prompt_width,
+          layout.completion_width, temperature=t, routing=routing)
+      loss, metrics = rl.policy_loss(logp_BN, completion_view(batch, cols_BN), cfg)
+    if not router:
+      return loss, metrics
+    aux = jnp.mean(jnp.stack([load_balance_loss(s, k) for s in router]))
+    z = jnp.mean(jnp.stack([z_loss(s) for s in router]))
+    loss = loss + (cfg.router_aux_coef * aux + cfg.router_z_coef * z) / micro_batches
+    return loss, {**metrics, **_router_sums(router, aux, z, micro_batches)}
 
   return loss_fn
+
+
+def router_token_mask(batch: types.TrainBatch):
+  """float32[B, T]: the tokens whose routing the router losses and statistics count: each row's prompt and its
+  sampled completion tokens (padding and forced-interruption tokens are out)."""
+  T = batch.tokens.shape[1]
+  prompt_BT = jnp.arange(T)[None, :] < jnp.asarray(batch.prompt_lengths)[:, None]
+  return (prompt_BT | (jnp.asarray(batch.loss_mask) > 0)).astype(jnp.float32)
+
+
+def _router_sums(router: list[RouterStats], aux, z, micro_batches: int) -> dict:
+  """The step's `moe_*` metric sums (additive over micro-batches)."""
+  sg = jax.lax.stop_gradient
+  return {"moe_aux_sum": sg(aux) / micro_batches, "moe_z_sum": sg(z) / micro_batches,
+          "moe_mismatched": sum(s.mismatched for s in router), "moe_compared": sum(s.compared for s in router),
+          "moe_load_XE": jnp.stack([s.load_E for s in router])}
+
+
+def router_metrics(device_metrics: dict) -> dict:
+  """Host side: the `moe/...` metrics of a step from its summed `moe_*` device values ({} for a dense policy).
+
+  moe/aux_loss, moe/z_loss: the mean over MoE layers (and micro-batches) of the two router losses;
+  moe/router_mismatch_frac: of the token-layer routing decisions the generator recorded, the fraction where the
+  trainer's own top-k set differs (with or without replay); moe/load_max_over_mean_l{j}: the busiest expert's
+  assignments over the mean per expert in MoE layer j (1 = perfectly balanced, E = all on one expert), and
+  moe/load_max_over_mean its maximum over layers."""
+  if "moe_load_XE" not in device_metrics:
+    return {}
+  load_XE = np.asarray(device_metrics["moe_load_XE"], np.float64)
+  ratio_X = load_XE.max(axis=1) / np.maximum(load_XE.mean(axis=1), 1e-12)
+  compared = float(device_metrics["moe_compared"])
+  out = {"moe/aux_loss": float(device_metrics["moe_aux_sum"]), "moe/z_loss": float(device_metrics["moe_z_sum"]),
+         "moe/router_mismatch_frac": float(device_metrics["moe_mismatched"]) / compared if compared else float("nan"),
+         "moe/load_max_over_mean": float(ratio_X.max())}
+  out.update({f"moe/load_max_over_mean_l{j}": float(r) for j, r in enumerate(ratio_X)})
+  return out

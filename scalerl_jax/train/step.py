@@ -59,7 +59,8 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: Any, micro_batches
   first = jax.tree.map(lambda x: x[0], mbs)
   (_, metrics_shape), _ = jax.eval_shape(grad_fn, params, first)
   zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), tree)
-  init_metrics = metrics_init() if metrics_init is not None else zeros(metrics_shape)
+  # keys `metrics_init` does not know (an MoE loss's router sums) start at zero
+  init_metrics = {**zeros(metrics_shape), **(metrics_init() if metrics_init is not None else {})}
   combine = metrics_combine or _add
   init = (jnp.zeros((), jnp.float32), init_metrics, zeros(params))
 
