@@ -1,15 +1,38 @@
 """Hugging Face checkpoints in: `config.json` -> `ModelConfig`, and safetensors weights (one file or sharded with
 `model.safetensors.index.json`; fp32 / bf16 / fp16 on disk) read slice by slice straight into the target shardings.
 
-Families: `model_type` llama (Llama 2/3/3.1/3.2), qwen2 (Qwen2 / Qwen2.5: q/k/v biases) and qwen3 (QK-norm). The
-name mapping and the transposes / reshapes follow the param tree documented in `transformer.py`. Each of our params
-is `stored.reshape(split).transpose(perm)` of one stored tensor; a device's block of it is read with
-`safe_open(...).get_slice`, taking from every stored dim only the rows of the outermost factor the block needs
-(inner factors, e.g. head_dim inside q_proj's rows, are read whole and sliced on the host), so a tensor the layout
-shards is never read whole by any device's callback.
+Families (`model_type`): llama (Llama 2/3/3.1/3.2), qwen2 (Qwen2 / Qwen2.5: q/k/v biases) and qwen3 (QK-norm), the
+dense ones (`FAMILIES`); qwen3_moe (Qwen3-MoE: QK-norm, dense layers where `mlp_only_layers` / `decoder_sparse_step`
+say) and mixtral (every layer MoE), loaded as model.family=moe (`MOE_FAMILIES`). The name mapping and the
+transposes / reshapes follow the param tree documented in `transformer.py`. Each of our params is
+`stored.reshape(split).transpose(perm)` of one stored tensor (an expert weight: of one tensor per expert, stacked,
+or one part of a fused tensor); a device's block of it is read with `safe_open(...).get_slice`, taking from every
+stored dim only the rows of the outermost factor the block needs (inner factors, e.g. head_dim inside q_proj's
+rows, are read whole and sliced on the host), so a tensor the layout shards is never read whole by any device's
+callback (nor an expert a device does not hold).
 
-Anything we cannot represent exactly (other rope types, sliding windows, o_proj / MLP biases, partial rotary) is an
-`HFCheckpointError` naming the file, key and value: never a silently different model.
+MoE layers (`L.` = `model.layers.{i}.`; our params under `blocks[i].moe`, E experts of width F):
+
+  ours              per-expert layout (the Hub's, what the exporter writes)             fused layout
+                    qwen3_moe                             mixtral
+  router [D, E]     L.mlp.gate.weight [E, D] .T            L.block_sparse_moe.gate.weight  L.mlp.gate.weight
+  gate [E, D, F]    L.mlp.experts.{e}.gate_proj.weight     L.block_sparse_moe.experts.{e}  L.mlp.experts.gate_up_proj
+                    [F, D] .T, stacked over e              .w1.weight                     [E, 2F, D] rows :F, .T
+  up [E, D, F]      L.mlp.experts.{e}.up_proj.weight       ... .experts.{e}.w3.weight      gate_up_proj rows F:, .T
+  down [E, F, D]    L.mlp.experts.{e}.down_proj.weight     ... .experts.{e}.w2.weight      L.mlp.experts.down_proj
+                    [D, F] .T                              [D, F]                          [E, D, F] .T
+
+The fused layout is how transformers 5 holds experts in memory; its `save_pretrained` converts back to the
+per-expert layout (5.18 does), but writes the fused names with `save_original_format=False`. Both families spell it
+the same (Mixtral's block_sparse_moe becomes mlp); a checkpoint is read as fused when it holds
+`*.mlp.experts.gate_up_proj`. Routing is softmax(fp32 logits) -> top-k -> the probs at the chosen experts, divided by
+their sum when `norm_topk_prob` (Qwen3-MoE's key, transformers' default False; Mixtral always: its softmax over the
+top-k logits is the same). `router_aux_loss_coef`, `output_router_logits` and `router_jitter_noise` are training
+settings of transformers and are not read (the trainer's are loss.router_*).
+
+Anything we cannot represent exactly (other rope types, sliding windows, o_proj / MLP biases, partial rotary,
+Qwen2-MoE's sigmoid-gated shared expert) is an `HFCheckpointError` naming the file, key and value: never a silently
+different model.
 """
 
 from __future__ import annotations
@@ -32,7 +55,8 @@ from scalerl_jax.errors import UserError
 from scalerl_jax.mesh import TRAIN_RULES, logical_to_sharding
 from scalerl_jax.model.policy import Params, Policy, make_policy
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+FAMILIES = ("llama", "qwen2", "qwen3")  # dense
+MOE_FAMILIES = ("qwen3_moe", "mixtral")  # model.family=moe
 _NP_DTYPES = {"float32": np.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -78,6 +102,46 @@ def _rope(hf: dict, where: str) -> dict:
   return out
 
 
+def _moe_fields(hf: dict, family: str, where: str, num_layers: int) -> dict[str, Any]:
+  """Our MoE keys (model.family=moe) for a qwen3_moe or mixtral config.json."""
+  given = {k: hf[k] for k in ("num_experts", "num_local_experts") if hf.get(k) is not None}
+  if len(set(given.values())) > 1:
+    raise HFCheckpointError(f"{where}: num_experts={given['num_experts']!r} and num_local_experts="
+                            f"{given['num_local_experts']!r} disagree")
+  if not given:  # transformers 5 writes num_local_experts for both families; Qwen3-MoE's Hub configs num_experts
+    raise HFCheckpointError(f"{where}: lacks the key 'num_local_experts' (or 'num_experts')")
+  E = int(next(iter(given.values())))
+  out: dict[str, Any] = dict(family="moe", num_experts=E, experts_per_token=int(hf["num_experts_per_tok"]))
+  if family == "mixtral":  # every layer MoE; intermediate_size is each expert's width
+    out.update(moe_intermediate=int(hf["intermediate_size"]), norm_topk_prob=True)
+  else:
+    for key in ("shared_expert_intermediate_size", "shared_expert_gate"):
+      if hf.get(key):
+        raise HFCheckpointError(f"{where}: {key}={hf[key]!r}: a shared expert with a sigmoid gate (Qwen2-MoE's "
+                                "shared_expert_gate) is not supported")
+    mlp_only = hf.get("mlp_only_layers") or []
+    if not isinstance(mlp_only, list) or not all(isinstance(i, int) and 0 <= i < num_layers for i in mlp_only):
+      raise HFCheckpointError(f"{where}: mlp_only_layers={mlp_only!r} must list layers in [0, {num_layers})")
+    out.update(moe_intermediate=int(hf["moe_intermediate_size"]), mlp_only_layers=tuple(mlp_only),
+               norm_topk_prob=bool(hf.get("norm_topk_prob", False)),  # absent: Qwen3MoeConfig's default
+               decoder_sparse_step=int(hf.get("decoder_sparse_step", 1)))
+    if out["decoder_sparse_step"] < 1:
+      raise HFCheckpointError(f"{where}: decoder_sparse_step={out['decoder_sparse_step']} must be >= 1")
+  if E < 2:
+    raise HFCheckpointError(f"{where}: {next(iter(given))}={E}: a mixture of experts needs at least 2 experts")
+  if not 1 <= out["experts_per_token"] <= E:
+    raise HFCheckpointError(f"{where}: num_experts_per_tok={out['experts_per_token']} must be in [1, {E}]")
+  if out["moe_intermediate"] < 1:
+    raise HFCheckpointError(f"{where}: {'intermediate_size' if family == 'mixtral' else 'moe_intermediate_size'}="
+                            f"{out['moe_intermediate']} must be positive")
+  if family == "qwen3_moe" and not any((i + 1) % out["decoder_sparse_step"] == 0 and i not in out["mlp_only_layers"]
+                                       for i in range(num_layers)):
+    raise HFCheckpointError(f"{where}: decoder_sparse_step={out['decoder_sparse_step']} and mlp_only_layers="
+                            f"{list(out['mlp_only_layers'])} leave no MoE layer (a dense model: not supported as "
+                            "qwen3_moe)")
+  return out
+
+
 def hf_model_config(path_or_dict: str | os.PathLike | Mapping, *, dtype: str = "float32",
                     max_seq_len: Optional[int] = None) -> ModelConfig:
   """Our `ModelConfig` for a Hugging Face `config.json` (a checkpoint directory, the file, or its dict).
@@ -89,9 +153,9 @@ def hf_model_config(path_or_dict: str | os.PathLike | Mapping, *, dtype: str = "
     p = p / "config.json" if p.is_dir() else p
     hf, where = _read_json(p), str(p)
   family = hf.get("model_type")
-  if family not in FAMILIES:
+  if family not in FAMILIES + MOE_FAMILIES:
     raise HFCheckpointError(f"{where}: model_type={family!r} is not a supported family "
-                            f"(supported: {', '.join(FAMILIES)})")
+                            f"(supported: {', '.join(FAMILIES + MOE_FAMILIES)})")
   if hf.get("hidden_act", "silu") != "silu":
     raise HFCheckpointError(f"{where}: hidden_act={hf['hidden_act']!r} is not supported (only silu)")
   if hf.get("use_sliding_window"):
@@ -100,7 +164,7 @@ def hf_model_config(path_or_dict: str | os.PathLike | Mapping, *, dtype: str = "
   other_layers = sorted({t for t in hf.get("layer_types") or () if t != "full_attention"})
   if other_layers:
     raise HFCheckpointError(f"{where}: layer_types holds {other_layers}: only full_attention layers are supported")
-  if family in ("llama", "qwen3") and hf.get("attention_bias"):
+  if family in ("llama", "qwen3", "qwen3_moe") and hf.get("attention_bias"):
     raise HFCheckpointError(f"{where}: attention_bias={hf['attention_bias']!r}: projection biases on o_proj are "
                             "not supported")
   if hf.get("mlp_bias"):
@@ -112,42 +176,83 @@ def hf_model_config(path_or_dict: str | os.PathLike | Mapping, *, dtype: str = "
                   num_kv_heads=int(hf.get("num_key_value_heads") or heads),
                   head_dim=int(hf.get("head_dim") or D // heads),
                   norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                  # absent: transformers' default for all three families (False)
+                  # absent: transformers' default for all five families (False)
                   tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
                   max_seq_len=int(max_seq_len or hf["max_position_embeddings"]))
+    if family in MOE_FAMILIES:
+      fields.update(_moe_fields(hf, family, where, fields["num_layers"]))
   except KeyError as e:
     raise HFCheckpointError(f"{where}: lacks the key {e.args[0]!r}") from None
+  # Mixtral (Mistral's attention) uses a sliding window whenever sliding_window is set; it changes nothing while
+  # every sequence fits in the window
+  window = hf.get("sliding_window") if family == "mixtral" else None
+  if window is not None and int(window) < fields["max_seq_len"]:
+    raise HFCheckpointError(f"{where}: sliding_window={window!r}: sliding-window attention is not supported (it "
+                            f"changes the model past {window} positions; max_seq_len={fields['max_seq_len']}: "
+                            f"load with max_seq_len <= {window} for the same model on shorter sequences)")
   if fields["head_dim"] % 2:
     raise HFCheckpointError(f"{where}: head_dim={fields['head_dim']} is odd: rotary embeddings need an even one")
   if fields["num_heads"] % fields["num_kv_heads"]:
     raise HFCheckpointError(f"{where}: num_attention_heads={heads} is not a multiple of "
                             f"num_key_value_heads={fields['num_kv_heads']}")
-  return ModelConfig(family="dense", qkv_bias=family == "qwen2", qk_norm=family == "qwen3", dtype=dtype,
+  fields.setdefault("family", "dense")
+  return ModelConfig(qkv_bias=family == "qwen2", qk_norm=family in ("qwen3", "qwen3_moe"), dtype=dtype,
                      param_dtype=dtype, **fields, **_rope(hf, where))
 
 
 @dataclasses.dataclass(frozen=True)
 class _Map:
-  """Our param = stored.reshape(split).transpose(perm); `split` splits each stored dim into contiguous factors."""
+  """Our param = stored.reshape(split)[take].transpose(perm); `split` splits each stored dim into contiguous factors.
+
+  `take` (split dim j, index t): only part t of split dim j (dropped; `perm` orders the remaining split dims), e.g.
+  the gate half of a fused gate_up_proj. `experts` > 0: `name` holds `{e}`, one tensor per expert, and our param is
+  [experts, ...] stacking each expert's map."""
   name: str
   split: tuple[int, ...]
   perm: tuple[int, ...]
   groups: tuple[int, ...]  # how many split dims each stored dim becomes
+  take: Optional[tuple[int, int]] = None
+  experts: int = 0
 
   @property
   def stored_shape(self) -> tuple[int, ...]:
+    """The shape of the stored tensor (of each expert's, with `experts`)."""
     out, i = [], 0
     for g in self.groups:
       out.append(math.prod(self.split[i:i + g]))
       i += g
     return tuple(out)
 
+  @property
+  def names(self) -> tuple[str, ...]:
+    """The stored tensors this param is read from (each expert's, in expert order)."""
+    return tuple(self.name.format(e=e) for e in range(self.experts)) if self.experts else (self.name,)
 
-def hf_name_map(cfg: ModelConfig) -> dict[str, _Map]:
-  """{our param key (weights.flatten_params spelling): how it is read from the Hugging Face tensor}."""
+  @property
+  def kept(self) -> tuple[int, ...]:
+    """The split dims our param keeps (all but `take`'s), in split order."""
+    return tuple(j for j in range(len(self.split)) if self.take is None or j != self.take[0])
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return (self.experts,) * bool(self.experts) + tuple(self.split[self.kept[p]] for p in self.perm)
+
+
+def hf_name_map(cfg: ModelConfig, model_type: Optional[str] = None, *,
+                fused_experts: bool = False) -> dict[str, _Map]:
+  """{our param key (weights.flatten_params spelling): how it is read from the Hugging Face tensor(s)}.
+
+  `model_type` (qwen3_moe or mixtral) names the MoE layers' tensors, in the per-expert layout or, with
+  `fused_experts`, transformers 5's fused one (the module docstring's table); dense layers are named alike in every
+  family."""
   D, F, Q, K, H, V = cfg.hidden, cfg.intermediate, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size
+  sparse = set(cfg.moe_layers)
+  if sparse and model_type not in MOE_FAMILIES:
+    raise ValueError(f"hf_name_map: model.family=moe needs model_type ({' or '.join(MOE_FAMILIES)}), "
+                     f"got {model_type!r}")
+  E, FE = cfg.num_experts, cfg.expert_width
   same = lambda n, *s: _Map(n, s, tuple(range(len(s))), (1,) * len(s))
-  linear_t = lambda n, out, inn: _Map(n, (out, inn), (1, 0), (1, 1))  # torch [out, in] -> ours [in, out]
+  linear_t = lambda n, out, inn, **kw: _Map(n, (out, inn), (1, 0), (1, 1), **kw)  # torch [out, in] -> [in, out]
   m = {"['embed']": same("model.embed_tokens.weight", V, D), "['final_norm']['scale']": same("model.norm.weight", D)}
   if not cfg.tie_embeddings:
     m["['lm_head']"] = linear_t("lm_head.weight", V, D)
@@ -163,9 +268,26 @@ def hf_name_map(cfg: ModelConfig) -> dict[str, _Map]:
     if cfg.qk_norm:
       m[b + "['attn']['q_norm']['scale']"] = same(L + "self_attn.q_norm.weight", H)
       m[b + "['attn']['k_norm']['scale']"] = same(L + "self_attn.k_norm.weight", H)
-    m[b + "['mlp']['gate']"] = linear_t(L + "mlp.gate_proj.weight", F, D)
-    m[b + "['mlp']['up']"] = linear_t(L + "mlp.up_proj.weight", F, D)
-    m[b + "['mlp']['down']"] = linear_t(L + "mlp.down_proj.weight", D, F)
+    if i not in sparse:
+      m[b + "['mlp']['gate']"] = linear_t(L + "mlp.gate_proj.weight", F, D)
+      m[b + "['mlp']['up']"] = linear_t(L + "mlp.up_proj.weight", F, D)
+      m[b + "['mlp']['down']"] = linear_t(L + "mlp.down_proj.weight", D, F)
+      continue
+    moe = b + "['moe']"
+    if fused_experts:  # gate_up_proj [E, 2F, D] -> [E, 2, F, D], part 0 / 1 -> [E, D, F]; down_proj [E, D, F]
+      m[moe + "['router']"] = linear_t(L + "mlp.gate.weight", E, D)
+      for part, p in enumerate(("gate", "up")):
+        m[moe + f"['{p}']"] = _Map(L + "mlp.experts.gate_up_proj", (E, 2, FE, D), (0, 2, 1), (1, 2, 1),
+                                   take=(1, part))
+      m[moe + "['down']"] = _Map(L + "mlp.experts.down_proj", (E, D, FE), (0, 2, 1), (1, 1, 1))
+    else:
+      prefix, names = {"qwen3_moe": ("mlp.", ("gate_proj", "up_proj", "down_proj")),
+                       "mixtral": ("block_sparse_moe.", ("w1", "w3", "w2"))}[model_type]
+      m[moe + "['router']"] = linear_t(L + prefix + "gate.weight", E, D)
+      gate, up, down = (L + prefix + "experts.{e}." + n + ".weight" for n in names)
+      m[moe + "['gate']"] = linear_t(gate, FE, D, experts=E)
+      m[moe + "['up']"] = linear_t(up, FE, D, experts=E)
+      m[moe + "['down']"] = linear_t(down, D, FE, experts=E)
   return m
 
 
@@ -195,26 +317,43 @@ def _open(path: pathlib.Path):
     raise HFCheckpointError(f"{path}: not a readable safetensors file: {e}") from None
 
 
-def _block_reader(handle, path: pathlib.Path, spec: _Map, dtype):
-  """callback(index) -> our param's block at `index` (a tuple of slices of our shape), read with get_slice."""
-  inv = [spec.perm.index(j) for j in range(len(spec.split))]  # split dim j is our dim inv[j]
+def _read_block(handle, path: pathlib.Path, name: str, spec: _Map, index: tuple[slice, ...]) -> np.ndarray:
+  """The block `index` (slices of our shape, less the experts dim) of our param from the stored tensor `name`."""
+  split_slices: list[tuple[int, int]] = [(0, 0)] * len(spec.split)
+  for d, p in enumerate(spec.perm):  # our dim d is split dim kept[p]
+    j = spec.kept[p]
+    split_slices[j] = index[d].indices(spec.split[j])[:2]
+  if spec.take is not None:
+    split_slices[spec.take[0]] = (spec.take[1], spec.take[1] + 1)
+  stored, local, shape, j = [], [], [], 0
+  for g in spec.groups:  # the outer factor of each stored dim picks rows; inner factors are read whole
+    inner = spec.split[j + 1:j + g]
+    a, b = split_slices[j]
+    stored.append(slice(a * math.prod(inner), b * math.prod(inner)))
+    shape += [b - a, *inner]
+    local += [slice(None)] + [slice(*split_slices[k]) for k in range(j + 1, j + g)]
+    j += g
+  try:
+    block = handle.get_slice(name)[tuple(stored)]
+  except Exception as e:
+    raise HFCheckpointError(f"{path}: tensor {name!r} could not be read: {e}") from None
+  block = np.asarray(block).reshape(shape)[tuple(local)]
+  if spec.take is not None:
+    block = block.squeeze(spec.take[0])
+  return block.transpose(spec.perm)
+
+
+def _block_reader(sources, spec: _Map, dtype):
+  """callback(index) -> our param's block at `index` (a tuple of slices of our shape), read with get_slice.
+  `sources`: (handle, path, tensor name) of each stored tensor (one per expert with `spec.experts`)."""
 
   def read(index):
-    index = tuple(index) + (slice(None),) * (len(spec.split) - len(index))
-    split_slices = [index[inv[j]].indices(spec.split[j])[:2] for j in range(len(spec.split))]
-    stored, local, shape, j = [], [], [], 0
-    for g in spec.groups:  # the outer factor of each stored dim picks rows; inner factors are read whole
-      inner = spec.split[j + 1:j + g]
-      a, b = split_slices[j]
-      stored.append(slice(a * math.prod(inner), b * math.prod(inner)))
-      shape += [b - a, *inner]
-      local += [slice(None)] + [slice(*split_slices[k]) for k in range(j + 1, j + g)]
-      j += g
-    try:
-      block = handle.get_slice(spec.name)[tuple(stored)]
-    except Exception as e:
-      raise HFCheckpointError(f"{path}: tensor {spec.name!r} could not be read: {e}") from None
-    block = np.asarray(block).reshape(shape)[tuple(local)].transpose(spec.perm)
+    index = tuple(index) + (slice(None),) * (len(spec.shape) - len(index))
+    if spec.experts:  # only the experts this block holds
+      a, b = index[0].indices(spec.experts)[:2]
+      block = np.stack([_read_block(*sources[e], spec, index[1:]) for e in range(a, b)])
+    else:
+      block = _read_block(*sources[0], spec, index)
     return np.ascontiguousarray(block.astype(dtype))
 
   return read
@@ -262,17 +401,20 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", mesh: Op
   hf = _read_json(d / "config.json")
   cfg = hf_model_config(d / "config.json", dtype=dtype, max_seq_len=max_seq_len)
   policy = make_policy(cfg)
-  names = hf_name_map(cfg)
   files = _weight_files(d)
-  wanted = {m.name for m in names.values()}
+  fused = any(n.endswith(".mlp.experts.gate_up_proj") for n in files)  # transformers 5's in-memory expert layout
+  names = hf_name_map(cfg, hf["model_type"], fused_experts=fused)
+  wanted = {n for m in names.values() for n in m.names}
   # rotary_emb.inv_freq: a buffer some older Llama checkpoints saved; it is recomputed from the config
   extra = sorted(n for n in set(files) - wanted if not n.endswith(".rotary_emb.inv_freq"))
   if extra:
     shown = ", ".join(f"{n!r} ({files[n]})" for n in extra[:3])
     shown += f" and {len(extra) - 3} more" if len(extra) > 3 else ""
-    tied = " (config.json has tie_word_embeddings=true: the head is the embedding)" if (
+    hint = " (config.json has tie_word_embeddings=true: the head is the embedding)" if (
         "lm_head.weight" in extra and cfg.tie_embeddings) else ""
-    raise HFCheckpointError(f"{d}: unexpected tensor(s) this {hf['model_type']} config does not use: {shown}{tied}")
+    if any(".shared_expert" in n for n in extra):
+      hint = " (a shared expert with a sigmoid gate, Qwen2-MoE's shared_expert / shared_expert_gate, is not supported)"
+    raise HFCheckpointError(f"{d}: unexpected tensor(s) this {hf['model_type']} config does not use: {shown}{hint}")
   leaves = jax.tree_util.tree_flatten_with_path(policy.param_shapes)[0]
   if mesh is None:
     shardings = [SingleDeviceSharding(jax.devices()[0]) for _ in leaves]
@@ -285,22 +427,25 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", mesh: Op
     specs = []  # every name and shape is checked (headers only) before any tensor data is read
     for key_path, _ in leaves:
       spec = names[jax.tree_util.keystr(key_path)]
-      f = files.get(spec.name)
-      if f is None:
-        raise HFCheckpointError(f"{index if index.is_file() else d / 'model.safetensors'}: "
-                                f"missing tensor {spec.name!r}")
-      if f not in handles:
-        handles[f] = _open(f).__enter__()
-      try:
-        got = tuple(handles[f].get_slice(spec.name).get_shape())
-      except Exception as e:
-        raise HFCheckpointError(f"{f}: missing tensor {spec.name!r} ({e})") from None
-      if got != spec.stored_shape:
-        raise HFCheckpointError(f"{f}: tensor {spec.name!r} has shape {list(got)}, config.json implies "
-                                f"{list(spec.stored_shape)}")
-      specs.append((spec, f))
-    out = [jax.make_array_from_callback(shape.shape, sharding, _block_reader(handles[f], f, spec, _NP_DTYPES[dtype]))
-           for (_, shape), sharding, (spec, f) in zip(leaves, shardings, specs)]
+      sources = []
+      for name in spec.names:
+        f = files.get(name)
+        if f is None:
+          raise HFCheckpointError(f"{index if index.is_file() else d / 'model.safetensors'}: "
+                                  f"missing tensor {name!r}")
+        if f not in handles:
+          handles[f] = _open(f).__enter__()
+        try:
+          got = tuple(handles[f].get_slice(name).get_shape())
+        except Exception as e:
+          raise HFCheckpointError(f"{f}: missing tensor {name!r} ({e})") from None
+        if got != spec.stored_shape:
+          raise HFCheckpointError(f"{f}: tensor {name!r} has shape {list(got)}, config.json implies "
+                                  f"{list(spec.stored_shape)}")
+        sources.append((handles[f], f, name))
+      specs.append((spec, sources))
+    out = [jax.make_array_from_callback(shape.shape, sharding, _block_reader(sources, spec, _NP_DTYPES[dtype]))
+           for (_, shape), sharding, (spec, sources) in zip(leaves, shardings, specs)]
   finally:
     for h in handles.values():
       h.__exit__(None, None, None)

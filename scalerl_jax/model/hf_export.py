@@ -1,15 +1,21 @@
 """Hugging Face checkpoints out: our params -> safetensors with transformers' tensor names, a `config.json` that
-transformers 5 loads for the family (llama / qwen2 / qwen3), and the tokenizer files of the checkpoint it came from.
+transformers 5 loads for the family (llama / qwen2 / qwen3; qwen3_moe / mixtral for model.family=moe), and the
+tokenizer files of the checkpoint it came from.
 
 The names, transposes and reshapes are `hf.hf_name_map` run backwards (one table for both directions): our param
 is `stored.reshape(split).transpose(perm)`, so the stored tensor is `ours.transpose(argsort(perm))
-.reshape(stored_shape)`. `load_pretrained(export_pretrained(params, ...))` gives back the same params bit for bit
-(fp32 on disk; a bf16 / fp16 export is the params rounded to nearest even).
+.reshape(stored_shape)` (an expert weight [E, ...]: one tensor per expert, `ours[e]` each). Experts are written in
+the per-expert layout of the Hub checkpoints (`mlp.experts.{e}.gate_proj` / `up_proj` / `down_proj` for qwen3_moe,
+`block_sparse_moe.experts.{e}.w1` / `w3` / `w2` for mixtral), what transformers' save_pretrained writes and every
+other tool loads, never transformers 5's fused in-memory layout. `load_pretrained(export_pretrained(params, ...))`
+gives back the same params bit for bit (fp32 on disk; a bf16 / fp16 export is the params rounded to nearest even).
 
 config.json is written in transformers 5's spelling (what `save_pretrained` writes; the fixtures' config.json):
-rope in `rope_parameters` (with `rope_theta` inside, no top-level `rope_theta` / `rope_scaling`) and `dtype`.
-Differences from what transformers writes for the same model: no `transformers_version`; bos / eos / pad ids only
-when the source checkpoint's config.json has them; `head_dim` for qwen2 only when it is not hidden / heads.
+rope in `rope_parameters` (with `rope_theta` inside, no top-level `rope_theta` / `rope_scaling`), `dtype`, and
+`num_local_experts` for the expert count of both MoE families. Differences from what transformers writes for the
+same model: no `transformers_version`; bos / eos / pad ids only when the source checkpoint's config.json has them;
+`head_dim` for qwen2 only when it is not hidden / heads; transformers' training-only MoE keys
+(`router_aux_loss_coef`, `router_jitter_noise`) are the source's, else transformers' defaults.
 """
 
 from __future__ import annotations
@@ -28,11 +34,24 @@ from safetensors.numpy import save_file
 
 from scalerl_jax.config import ModelConfig
 from scalerl_jax.errors import UserError
-from scalerl_jax.model.hf import FAMILIES, _read_json, hf_model_config, hf_name_map
+from scalerl_jax.model.hf import FAMILIES, MOE_FAMILIES, _read_json, hf_model_config, hf_name_map
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "f16": "float16"}
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
+# what each family's transformers class computes, as our ModelConfig's keys (check_family)
+REQUIRES: dict[str, tuple[tuple[str, Any], ...]] = {
+    "llama": (("family", "dense"), ("qkv_bias", False), ("qk_norm", False)),
+    "qwen2": (("family", "dense"), ("qkv_bias", True), ("qk_norm", False)),
+    "qwen3": (("family", "dense"), ("qkv_bias", False), ("qk_norm", True)),
+    "qwen3_moe": (("family", "moe"), ("qkv_bias", False), ("qk_norm", True), ("shared_expert_intermediate", 0)),
+    "mixtral": (("family", "moe"), ("qkv_bias", False), ("qk_norm", False), ("shared_expert_intermediate", 0),
+                ("norm_topk_prob", True), ("decoder_sparse_step", 1), ("mlp_only_layers", ())),
+}
+# transformers' defaults for its training-only MoE keys (kept from the source config.json when it has them)
+MOE_TRAINING_KEYS = {"qwen3_moe": {"router_aux_loss_coef": 0.001},
+                     "mixtral": {"router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0}}
 # copied from source_dir when present (the tokenizer, its chat template, generation defaults)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                    "special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.json", "merges.txt")
@@ -54,17 +73,15 @@ def export_dtype(dtype: str) -> str:
 
 def check_family(cfg: ModelConfig, family: str) -> None:
   """HFExportError unless `family`'s transformers class computes exactly the model `cfg` describes."""
-  if family not in FAMILIES:
-    raise HFExportError(f"family={family!r} is not a Hugging Face family we export (choose {', '.join(FAMILIES)})")
-  if cfg.family != "dense":
-    raise HFExportError(f"model.family={cfg.family!r}: only the dense family exports to {family}")
-  wants = {"llama": (False, False), "qwen2": (True, False), "qwen3": (False, True)}[family]
-  for key, have, want in (("model.qkv_bias", cfg.qkv_bias, wants[0]), ("model.qk_norm", cfg.qk_norm, wants[1])):
+  if family not in FAMILIES + MOE_FAMILIES:
+    raise HFExportError(f"family={family!r} is not a Hugging Face family we export "
+                        f"(choose {', '.join(FAMILIES + MOE_FAMILIES)})")
+  fits = [f for f, req in REQUIRES.items() if all(getattr(cfg, k) == v for k, v in req)]
+  for key, want in REQUIRES[family]:
+    have = getattr(cfg, key)
     if have != want:
-      fits = [f for f, w in (("llama", (False, False)), ("qwen2", (True, False)), ("qwen3", (False, True)))
-              if w == (cfg.qkv_bias, cfg.qk_norm)]
-      raise HFExportError(f"{key}={have} but {family} has {key.split('.')[1]}={want}"
-                          + (f" (this model exports as {fits[0]})" if fits else " (no family we export has both)"))
+      raise HFExportError(f"model.{key}={have} but {family} has {key}={want}"
+                          + (f" (this model exports as {fits[0]})" if fits else " (no family we export fits)"))
 
 
 def hf_config(cfg: ModelConfig, family: str, *, dtype: str = "float32",
@@ -87,7 +104,17 @@ def hf_config(cfg: ModelConfig, family: str, *, dtype: str = "float32",
       "num_key_value_heads": cfg.num_kv_heads, "rms_norm_eps": float(cfg.norm_eps), "rope_parameters": rope,
       "tie_word_embeddings": bool(cfg.tie_embeddings), "use_cache": True, "vocab_size": cfg.vocab_size,
       "head_dim": cfg.head_dim}
-  if family == "llama":
+  if family in MOE_FAMILIES:
+    out.update(num_experts_per_tok=cfg.experts_per_token, num_local_experts=cfg.num_experts,
+               output_router_logits=False, sliding_window=None,
+               **{k: source.get(k, v) for k, v in MOE_TRAINING_KEYS[family].items()})
+  if family == "mixtral":  # every layer MoE: intermediate_size is the experts' width
+    out.update(intermediate_size=cfg.expert_width)
+  elif family == "qwen3_moe":
+    out.update(attention_bias=False, decoder_sparse_step=cfg.decoder_sparse_step,
+               mlp_only_layers=list(cfg.mlp_only_layers), moe_intermediate_size=cfg.expert_width,
+               norm_topk_prob=bool(cfg.norm_topk_prob), use_sliding_window=False)
+  elif family == "llama":
     out.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
   else:  # Qwen2 / Qwen3: full attention in every layer
     out.update(layer_types=["full_attention"] * cfg.num_layers, max_window_layers=28, sliding_window=None,
@@ -110,8 +137,10 @@ def _host(x) -> np.ndarray:
 
 def _check_source(cfg: ModelConfig, source: dict, where: pathlib.Path) -> None:
   theirs = hf_model_config(source)
-  keys = ("vocab_size", "hidden", "intermediate", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-          "tie_embeddings")
+  keys = ("family", "vocab_size", "hidden", "intermediate", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+          "tie_embeddings", "num_experts", "experts_per_token", "expert_width", "moe_layers")
+  if cfg.family == theirs.family == "moe" and len(cfg.moe_layers) == cfg.num_layers:
+    keys = tuple(k for k in keys if k != "intermediate")  # no dense layer uses it (mixtral writes the expert width)
   diff = [f"{k}: {getattr(theirs, k)} there, {getattr(cfg, k)} here" for k in keys
           if getattr(theirs, k) != getattr(cfg, k)]
   if diff:
@@ -124,9 +153,10 @@ def export_pretrained(params: Any, model_cfg: ModelConfig, out_dir: str | os.Pat
   """Write `params` (the tree `make_policy(model_cfg).param_shapes` describes; host or device arrays, sharded or
   not) as a Hugging Face checkpoint directory `out_dir` that transformers and `load_pretrained` read.
 
-  `family`: llama, qwen2 or qwen3 (default: source_dir's model_type). `dtype`: the weights' dtype on disk.
-  `source_dir`: the checkpoint the params were imported from; its tokenizer files are copied. Weights go into
-  model.safetensors, or model-0000i-of-0000N.safetensors + model.safetensors.index.json past `max_shard_bytes`.
+  `family`: llama, qwen2, qwen3, qwen3_moe or mixtral (default: source_dir's model_type). `dtype`: the weights'
+  dtype on disk. `source_dir`: the checkpoint the params were imported from; its tokenizer files are copied.
+  Weights go into model.safetensors, or model-0000i-of-0000N.safetensors + model.safetensors.index.json past
+  `max_shard_bytes`.
   Each tensor is gathered to host numpy on its own; process 0 writes. Returns `out_dir`."""
   dtype = export_dtype(dtype)
   out = pathlib.Path(out_dir)
@@ -139,12 +169,13 @@ def export_pretrained(params: Any, model_cfg: ModelConfig, out_dir: str | os.Pat
     _check_source(model_cfg, source, src / "config.json")
   if family is None:
     if not source:
-      raise HFExportError("the Hugging Face family is unknown: pass family= (llama, qwen2 or qwen3) or source_dir=")
+      raise HFExportError(f"the Hugging Face family is unknown: pass family= ({', '.join(FAMILIES + MOE_FAMILIES)}) "
+                          "or source_dir=")
     family = source.get("model_type")
   elif source and source.get("model_type") != family:
     raise HFExportError(f"family={family!r} but {src / 'config.json'} has model_type={source.get('model_type')!r}")
   config = hf_config(model_cfg, family, dtype=dtype, source=source)
-  names = hf_name_map(model_cfg)
+  names = hf_name_map(model_cfg, family)
   leaves = jax.tree_util.tree_flatten_with_path(params)[0]
   keys = [jax.tree_util.keystr(p) for p, _ in leaves]
   if sorted(keys) != sorted(names):
@@ -171,13 +202,14 @@ def export_pretrained(params: Any, model_cfg: ModelConfig, out_dir: str | os.Pat
     tensors = {}
     for key, x in group:
       spec = names[key]
-      if tuple(x.shape) != tuple(spec.split[j] for j in spec.perm):
-        raise HFExportError(f"param {key} has shape {list(x.shape)}, model_cfg implies "
-                            f"{[spec.split[j] for j in spec.perm]}")
-      stored = _host(x).transpose(np.argsort(spec.perm)).reshape(spec.stored_shape)
-      tensors[spec.name] = np.ascontiguousarray(stored.astype(DTYPES[dtype]))
-      weight_map[spec.name] = fname
-      total += tensors[spec.name].nbytes
+      if tuple(x.shape) != spec.shape:
+        raise HFExportError(f"param {key} has shape {list(x.shape)}, model_cfg implies {list(spec.shape)}")
+      host = _host(x)
+      for name, ours in zip(spec.names, host if spec.experts else [host]):  # an expert weight: one tensor each
+        stored = ours.transpose(np.argsort(spec.perm)).reshape(spec.stored_shape)
+        tensors[name] = np.ascontiguousarray(stored.astype(DTYPES[dtype]))
+        weight_map[name] = fname
+        total += tensors[name].nbytes
     if writer:
       save_file(tensors, str(out / fname), metadata={"format": "pt"})
   if not writer:
