@@ -1,10 +1,19 @@
 """Writes the Hugging Face parity fixtures of issue 14 (item 5): tiny random checkpoints of Llama 3, Qwen2 and
-Qwen3 built with transformers' own classes, with reference logits and greedy tokens computed by transformers.
+Qwen3 built with transformers' own classes, with reference logits and greedy tokens computed by transformers; and
+(issue 15, item 4) of the mixture-of-experts families Qwen3-MoE and Mixtral, in a root of their own.
 
 Dev-only: needs torch + transformers (the `hf-fixtures` extra, in a venv of its own; see tools/README.md). The test
-suite reads the files this writes without torch (tests/test_hf_fixtures.py checks they are complete).
+suite reads the files this writes without torch (tests/test_hf_fixtures.py checks they are complete; the MoE ones
+are read by tests/test_hf_moe.py).
 
     /tmp/hfvenv/bin/python tools/make_hf_fixtures.py --out tests/fixtures/hf
+    /tmp/hfvenv/bin/python tools/make_hf_fixtures.py --out tests/fixtures/hf_moe --families qwen3_moe,mixtral
+
+The MoE fixtures are saved as transformers saves them (the per-expert layout of the Hub checkpoints); the same
+model saved with `save_original_format=False` (transformers 5's fused in-memory expert layout) is checked to load
+to the same logits, and its tensors' names, shapes and sha256 are recorded in reference.json (`fused_checkpoint`)
+so that the test suite can rebuild that file from the per-expert one and know it is the very file transformers
+writes.
 
 Every fixture directory is self-contained (config.json, generation_config.json, weights, tokenizer.json,
 tokenizer_config.json, reference.json, reference_logits.safetensors). Seeds are fixed: a rerun on the same versions
@@ -68,6 +77,12 @@ QWEN_TEMPLATE = (
   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+MIXTRAL_TEMPLATE = (
+  "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}{{ m['content'] }}{{ eos_token }}"
+  "{% else %}[INST] {{ m['content'] }} [/INST]{% endif %}{% endfor %}"
+)
+
+MIXTRAL_SPECIALS = ("<s>", "</s>", "[INST]", "[/INST]")
 LLAMA_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
                   "<|eot_id|>", "<|finetune_right_pad_id|>")
 QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -125,13 +140,39 @@ def family_specs(name: str):
       bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
     tok_cfg = dict(bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     return transformers.Qwen3ForCausalLM, transformers.Qwen3Config, cfg, tok, tok_cfg, True
+  if name == "qwen3_moe":
+    # 3 layers, layer 1 dense (mlp_only_layers): MoE layers 0 and 2; 4 experts of width 24, top-2, the top-2
+    # probabilities not renormalised (norm_topk_prob false, transformers' default); untied head
+    tok = build_tokenizer(88, QWEN_SPECIALS, bos=None)
+    ids = {t: tok.token_to_id(t) for t in QWEN_SPECIALS}
+    cfg = dict(
+      vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+      num_key_value_heads=2, head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False,
+      rope_theta=1000000.0, use_sliding_window=False, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+      norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[1],
+      bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    tok_cfg = dict(bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    return transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig, cfg, tok, tok_cfg, True
+  if name == "mixtral":
+    # every layer MoE: 4 experts of width intermediate_size 24, top-2 (always renormalised); head_dim 16 != 32/4;
+    # BOS prepended by the tokenizer (Mistral's); no pad token of its own: </s> pads
+    tok = build_tokenizer(72, MIXTRAL_SPECIALS, bos="<s>")
+    ids = {t: tok.token_to_id(t) for t in MIXTRAL_SPECIALS}
+    cfg = dict(
+      vocab_size=80, hidden_size=32, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+      num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False,
+      rope_theta=1000000.0, sliding_window=None, num_local_experts=4, num_experts_per_tok=2,
+      bos_token_id=ids["<s>"], eos_token_id=ids["</s>"], pad_token_id=ids["</s>"])
+    tok_cfg = dict(bos_token="<s>", eos_token="</s>", pad_token="</s>", chat_template=MIXTRAL_TEMPLATE)
+    return transformers.MixtralForCausalLM, transformers.MixtralConfig, cfg, tok, tok_cfg, False
   raise ValueError(f"unknown family {name!r}")
 
 
 def randomize(model: torch.nn.Module, seed: int) -> None:
   """Every parameter random, norms and biases included (HF's init leaves norms at 1 and biases at 0, which would
   hide a loader that drops them). Matrices and embeddings N(0, 1/fan_in) (embeddings: 1/hidden, so tied logits
-  stay O(1) and fp32 rounding stays far below the 1e-5 parity tolerance); norms 1 + N(0, 0.2); biases N(0, 0.3)."""
+  stay O(1) and fp32 rounding stays far below the 1e-5 parity tolerance; fan_in is the last dim: torch's [out, in],
+  and the fused expert tensors' [E, out, in]); norms 1 + N(0, 0.2); biases N(0, 0.3)."""
   gen = torch.Generator().manual_seed(seed)
   with torch.no_grad():
     for name, p in sorted(model.named_parameters()):
@@ -141,7 +182,7 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
       elif name.endswith(".bias"):
         p.copy_(0.3 * noise)
       else:
-        p.copy_(noise / p.shape[1] ** 0.5)
+        p.copy_(noise / p.shape[-1] ** 0.5)
 
 
 def write_tokenizer(out: pathlib.Path, tok: tokenizers.Tokenizer, tok_cfg: dict, template_file: bool,
@@ -281,7 +322,12 @@ def make_family(root: pathlib.Path, name: str) -> None:
   legacy_model.load_state_dict(reloaded.state_dict())
   checks["config_v4_max_abs_diff"] = max_diff(logits_of(legacy_model, ids, mask), want, mask)
   assert checks["config_v4_max_abs_diff"] == 0.0
+  if hasattr(config, "num_experts_per_tok"):
+    checks["min_router_margin"] = router_margin(reloaded, ids, mask)
+    assert checks["min_router_margin"] > 1e-4, "a near-tie in some token's top-k experts: choose another seed"
   save_reference(out, reloaded, tok, hf_tok, reloaded.config, dtype_on_disk="float32", checks=checks)
+  if hasattr(config, "num_experts_per_tok"):
+    record_fused(out, reloaded, cls, ids, mask, want)
 
   if name != "qwen3":
     return
@@ -303,6 +349,42 @@ def make_family(root: pathlib.Path, name: str) -> None:
     rounding = max_diff(logits_of(upcast, ids, mask), want, mask)
     save_reference(d, upcast, tok, hf_tok, upcast.config, dtype_on_disk=str(dtype).removeprefix("torch."),
                    checks={"vs_fp32_weights_max_abs_diff": round(rounding, 6)})
+
+
+@torch.no_grad()
+def router_margin(model, ids, mask) -> float:
+  """The smallest gap, over non-pad tokens and MoE layers, between a token's k-th and (k+1)-th router probability:
+  a near-tie would let fp32 rounding pick other experts than transformers did."""
+  out = model(input_ids=ids, attention_mask=mask, output_router_logits=True)
+  k, m = model.config.num_experts_per_tok, mask.reshape(-1).bool()
+  gaps = []
+  for logits in out.router_logits:
+    top = torch.softmax(logits.float(), -1).topk(k + 1, dim=-1).values[m]
+    gaps.append(float((top[:, k - 1] - top[:, k]).min()))
+  return round(min(gaps), 6)
+
+
+def record_fused(out: pathlib.Path, model, cls, ids, mask, want) -> None:
+  """Saves `model` in transformers 5's fused expert layout (save_original_format=False) to a scratch directory,
+  checks from_pretrained gives the same logits, and records that file's tensors (name: shape, dtype, sha256 of the
+  little-endian bytes) as `fused_checkpoint` in reference.json."""
+  import hashlib
+  import tempfile
+  with tempfile.TemporaryDirectory() as tmp:
+    model.save_pretrained(tmp, save_original_format=False)
+    tensors = safetensors.torch.load_file(str(pathlib.Path(tmp) / "model.safetensors"))
+    assert any(n.endswith(".mlp.experts.gate_up_proj") for n in tensors), sorted(tensors)
+    diff = max_diff(logits_of(load(pathlib.Path(tmp), cls), ids, mask), want, mask)
+    assert diff == 0.0, diff
+  ref = json.loads((out / "reference.json").read_text())
+  ref["fused_checkpoint"] = {
+    "what": "the tensors of this model saved by save_pretrained(save_original_format=False) (transformers 5's fused "
+            "in-memory expert layout); from_pretrained of that file gives these reference logits exactly",
+    "logits_max_abs_diff": diff,
+    "tensors": {n: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+                    "sha256": hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()}
+                for n, t in sorted(tensors.items())}}
+  (out / "reference.json").write_text(json.dumps(ref, indent=2, sort_keys=True) + "\n")
 
 
 @torch.no_grad()
@@ -344,7 +426,7 @@ def check_export(exported: pathlib.Path, fixture: pathlib.Path) -> dict:
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", default="tests/fixtures/hf", help="fixture root; each family's directories in it are replaced")
-  ap.add_argument("--families", default="llama,qwen2,qwen3")
+  ap.add_argument("--families", default="llama,qwen2,qwen3", help="also: qwen3_moe, mixtral")
   ap.add_argument("--check-export", nargs="+", metavar="DIR", help="instead: check exported directories with "
                   "transformers, each against the fixture of its name in --out (DIR/../qwen3 -> OUT/qwen3), and "
                   "record the result in that fixture's reference.json")
