@@ -21,7 +21,7 @@ from scalerl_jax import mesh as mesh_lib
 from scalerl_jax.config import InterruptionConfig, RolloutConfig
 from scalerl_jax.mesh import make_mesh
 from scalerl_jax.model import hf
-from scalerl_jax.model.hf import HFCheckpointError, hf_model_config, hf_name_map, load_pretrained
+from scalerl_jax.model.hf import hf_model_config, hf_name_map, load_pretrained
 from scalerl_jax.model.hf_export import HFExportError, export_pretrained, hf_config
 from scalerl_jax.rollout.engine import Engine
 from scalerl_jax.rollout.sampling import GREEDY

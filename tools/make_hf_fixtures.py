@@ -13,7 +13,10 @@ The MoE fixtures are saved as transformers saves them (the per-expert layout of 
 model saved with `save_original_format=False` (transformers 5's fused in-memory expert layout) is checked to load
 to the same logits, and its tensors' names, shapes and sha256 are recorded in reference.json (`fused_checkpoint`)
 so that the test suite can rebuild that file from the per-expert one and know it is the very file transformers
-writes.
+writes. Their export check (tools/README.md) is the dense one's with `hf_moe` for `hf`: export_pretrained each of
+qwen3_moe and mixtral to /tmp/hfexp_moe/<name> with `source_dir=`, then
+
+    /tmp/hfvenv/bin/python tools/make_hf_fixtures.py --out tests/fixtures/hf_moe --check-export /tmp/hfexp_moe/*
 
 Every fixture directory is self-contained (config.json, generation_config.json, weights, tokenizer.json,
 tokenizer_config.json, reference.json, reference_logits.safetensors). Seeds are fixed: a rerun on the same versions

@@ -13,14 +13,14 @@ callback (nor an expert a device does not hold).
 
 MoE layers (`L.` = `model.layers.{i}.`; our params under `blocks[i].moe`, E experts of width F):
 
-  ours              per-expert layout (the Hub's, what the exporter writes)             fused layout
-                    qwen3_moe                             mixtral
-  router [D, E]     L.mlp.gate.weight [E, D] .T            L.block_sparse_moe.gate.weight  L.mlp.gate.weight
-  gate [E, D, F]    L.mlp.experts.{e}.gate_proj.weight     L.block_sparse_moe.experts.{e}  L.mlp.experts.gate_up_proj
-                    [F, D] .T, stacked over e              .w1.weight                     [E, 2F, D] rows :F, .T
-  up [E, D, F]      L.mlp.experts.{e}.up_proj.weight       ... .experts.{e}.w3.weight      gate_up_proj rows F:, .T
-  down [E, F, D]    L.mlp.experts.{e}.down_proj.weight     ... .experts.{e}.w2.weight      L.mlp.experts.down_proj
-                    [D, F] .T                              [D, F]                          [E, D, F] .T
+  ours            qwen3_moe (per-expert: the Hub's    mixtral (per-expert)               fused (transformers 5,
+                  layout, what the exporter writes)                                      both families)
+  router [D, E]   L.mlp.gate.weight [E, D] .T         L.block_sparse_moe.gate.weight     L.mlp.gate.weight
+  gate [E, D, F]  L.mlp.experts.{e}.gate_proj.weight  L.block_sparse_moe.experts.{e}.w1  L.mlp.experts.gate_up_proj
+                  [F, D] .T, stacked over e             .weight (shapes as qwen3_moe)    [E, 2F, D] rows :F, .T
+  up [E, D, F]    L.mlp.experts.{e}.up_proj.weight      ... .experts.{e}.w3.weight       gate_up_proj rows F:, .T
+  down [E, F, D]  L.mlp.experts.{e}.down_proj.weight    ... .experts.{e}.w2.weight       L.mlp.experts.down_proj
+                  [D, F] .T                                                              [E, D, F] .T
 
 The fused layout is how transformers 5 holds experts in memory; its `save_pretrained` converts back to the
 per-expert layout (5.18 does), but writes the fused names with `save_original_format=False`. Both families spell it
