@@ -81,7 +81,8 @@ def restore_params(run_dir: pathlib.Path, cfg, step=None):
 def main(argv=None) -> int:
   args = parse_args(argv)
   setup_logging(args.verbose)
-  from scalerl_jax.model.hf_export import FAMILIES, check_family, export_dtype, export_pretrained
+  from scalerl_jax.model.hf_export import FAMILIES as DENSE, MOE_FAMILIES, check_family, export_dtype, export_pretrained
+  FAMILIES = DENSE + MOE_FAMILIES
   try:
     dtype = export_dtype(args.dtype)
     if args.family is not None and args.family not in FAMILIES:

@@ -208,7 +208,8 @@ def test_export_cli_errors(run_dir, tmp_path, capsys):
   (empty / "config.yaml").write_text((d / "config.yaml").read_text())
   out = ["--out", str(tmp_path / "o")]
   cases = [([str(d), *out], "the run's model was not imported from a Hugging Face checkpoint (no model.pretrained): "
-                            "pass --family (llama | qwen2 | qwen3) or --source HF_DIR"),
+                            "pass --family (llama | qwen2 | qwen3 | qwen3_moe | mixtral) or --source HF_DIR"),
+           ([str(d), *out, "--family", "mixtral"], "model.family"),  # an MoE family for a dense run: refused
            ([str(d), *out, "--family", "gemma"], "--family 'gemma' is not a family we export"),
            ([str(empty), *out, "--family", "llama"], f"no checkpoint in {empty / 'checkpoints'}"),
            ([str(tmp_path / "nope"), *out, "--family", "llama"], "config.yaml: no such file"),
