@@ -93,7 +93,9 @@ class ModelConfig(_Choices):
   num_experts: int = 0  # E routed experts per MoE layer (0 with the dense family)
   experts_per_token: int = 2  # k: top-k routing
   moe_intermediate: int = 0  # each expert's SwiGLU width (0: model.intermediate)
-  norm_topk_prob: bool = True  # renormalise the k gate weights to sum 1 (Qwen3-MoE norm_topk_prob, Mixtral)
+  # renormalise the k gate weights to sum 1 (Qwen3-MoE norm_topk_prob, Mixtral); with experts_per_token=1 every
+  # gate is then 1 and the router learns only from the auxiliary losses
+  norm_topk_prob: bool = True
   shared_expert_intermediate: int = 0  # width of an always-on shared SwiGLU expert per MoE layer (0: none)
   decoder_sparse_step: int = 1  # layer i is MoE when (i + 1) % step == 0 and i is not in mlp_only_layers
   mlp_only_layers: Tuple[int, ...] = ()  # layers kept dense (their MLP has model.intermediate)

@@ -20,9 +20,11 @@ choice of experts is the generator's.
 Dispatch (`model.moe_dispatch`):
   ragged  the U*k assignments are sorted by expert, gathered into one [A, D] array and run through each expert's
           weights with `jax.lax.ragged_dot` (a grouped matmul over contiguous groups); results are scattered back
-          and combined with the gates. On TPU/GPU ragged_dot is a native grouped GEMM; XLA:CPU lowers it to a
-          masked dense dot over all E experts (E/k times the FLOPs; benchmarks/moe_step.py measures it).
-  dense   every expert on every token with one-hot combine weights: a reference for tiny tests.
+          and combined with the gates. On TPU/GPU jax lowers ragged_dot to a native grouped GEMM; on CPU its
+          generic lowering masks the assignments into an [E, A, D] array and runs one dense dot over it: E times
+          the active expert FLOPs (benchmarks/moe_step.py: 4.0 / 8.1 / 16.1 x at E = 4 / 8 / 16, k = 2).
+  dense   every expert on every token with one-hot combine weights: E/k times the active FLOPs; a reference for
+          tiny tests (on CPU it still runs 1.4-1.7x slower than ragged in the expert layer).
 
 Parallelism is declared only in logical axes: expert weights are ("expert", "embed", "mlp") / ("expert", "mlp",
 "embed"), mapped by `scalerl_jax.mesh` onto the `expert` and `tensor` mesh axes; XLA's partitioner splits the
