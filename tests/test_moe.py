@@ -140,21 +140,24 @@ def test_moe_policy_kv_cache_decode_equals_full_forward():
   np.testing.assert_allclose(jnp.concatenate(steps, axis=1), ref, atol=2e-5)
 
 
-def _expert_layout():
-  mesh = mesh_lib.make_mesh("data=2,fsdp=1,tensor=1,expert=4", jax.devices()[:8])
-  return Layout(mesh, mesh_lib.TRAIN_RULES)
+def _expert_layout(spec="data=2,fsdp=1,tensor=1,expert=4"):
+  return Layout(mesh_lib.make_mesh(spec, jax.devices()[:8]), mesh_lib.TRAIN_RULES)
 
 
-def test_expert_parallel_forward_equals_one_device():
+@pytest.mark.parametrize("spec", ["data=2,fsdp=1,tensor=1,expert=4", "data=1,fsdp=1,tensor=2,expert=4"])
+def test_expert_parallel_forward_equals_one_device(spec):
   policy = make_policy(CFG)
   params = policy.init(0)
   tokens = jax.random.randint(jax.random.key(4), (4, 10), 0, CFG.vocab_size)
-  layout = _expert_layout()
+  layout = _expert_layout(spec)
   shardings = layout.shardings(policy.logical_axes, policy.param_shapes)
   gate_spec = shardings["blocks"][0]["moe"]["gate"].spec
-  assert gate_spec[0] == "expert", gate_spec  # the experts really are split over 4 devices
+  tensor = layout.mesh.shape["tensor"]
+  # the experts really are split over 4 devices (and each expert's FFN over `tensor`)
+  assert gate_spec[0] == "expert" and gate_spec[2] == ("tensor" if tensor > 1 else None), gate_spec
   sharded = jax.device_put(params, shardings)
-  assert len(sharded["blocks"][0]["moe"]["gate"].addressable_shards[0].data) == CFG.num_experts // 4
+  shard = sharded["blocks"][0]["moe"]["gate"].addressable_shards[0].data
+  assert shard.shape == (CFG.num_experts // 4, CFG.hidden, CFG.expert_width // tensor)
   fn = jax.jit(lambda p, t: token_logprobs(policy, p, t))
   one = fn(jax.device_put(params, jax.devices()[0]), tokens)
   many = fn(sharded, jax.device_put(tokens, layout.batch(2, 4)))
@@ -189,6 +192,7 @@ def test_train_step_on_an_expert_parallel_mesh_equals_one_device():
     state, metrics = step(state, jax.device_put(batch, batch_sh))
     results.append((jax.device_get(state.params), jax.device_get(metrics)))
   (p1, m1), (p8, m8) = results
+  assert state.params["blocks"][0]["moe"]["down"].sharding.spec[0] == "expert"  # the second run was split
   assert int(m8["skipped"]) == 0 and float(m8["moe_compared"]) > 0
   for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p8)):
     np.testing.assert_allclose(a, b, atol=2e-5)
