@@ -56,24 +56,32 @@ def test_public_names():
   assert again is export_pretrained
 
 
-@pytest.mark.parametrize("name", FAMILIES)
-def test_export_then_import_is_exact(loaded, name, tmp_path):
-  model = loaded[name]
-  out = export_pretrained(model.params, model.cfg, tmp_path / name, source_dir=ROOT / name)
+def exact_round_trip(model, root, name, tmp_path):
+  """Exports fixture `name`'s loaded `model`, checks that importing the export gives the same config and params
+  bit for bit and that its tensors are the very ones transformers saved (name for name); returns (out dir,
+  our tensors)."""
+  out = export_pretrained(model.params, model.cfg, tmp_path / name, source_dir=root / name)
   back = load_pretrained(out)
   assert back.cfg == model.cfg
   a, b = flat(model.params), flat(back.params)
   assert a.keys() == b.keys()
   for k in a:
     assert a[k].dtype == b[k].dtype == np.float32 and np.array_equal(a[k], b[k]), k
-  # the very tensors transformers saved, name for name, and the tokenizer files and special ids carried over
-  ours, theirs = load_file(str(out / "model.safetensors")), load_file(str(ROOT / name / "model.safetensors"))
+  ours, theirs = load_file(str(out / "model.safetensors")), load_file(str(root / name / "model.safetensors"))
   assert ours.keys() == theirs.keys()
   assert all(np.array_equal(ours[k], theirs[k]) and ours[k].dtype == theirs[k].dtype for k in ours)
+  return out, ours
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_export_then_import_is_exact(loaded, name, tmp_path):
+  out, _ = exact_round_trip(loaded[name], ROOT, name, tmp_path)
+  # and the tokenizer files and special ids carried over
   for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
     assert (out / f).is_file() == (ROOT / name / f).is_file(), f
     if (out / f).is_file():
       assert (out / f).read_bytes() == (ROOT / name / f).read_bytes()
+  model, back = loaded[name], load_pretrained(out)
   assert (back.bos_id, back.eos_ids, back.pad_id) == (model.bos_id, model.eos_ids, model.pad_id)
 
 

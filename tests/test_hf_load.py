@@ -30,12 +30,13 @@ ALL = FAMILIES + ("qwen3_sharded", "qwen3_bf16", "qwen3_fp16")
 ATOL = 1e-5
 
 
-def reference(name):
-  return load_file(str(ROOT / name / "reference_logits.safetensors"))
+def reference(name, root=ROOT):
+  return load_file(str(root / name / "reference_logits.safetensors"))
 
 
-def max_err(model, name) -> float:
-  ref = reference(name)
+def max_err(model, name, root=ROOT) -> float:
+  """The largest |logit - transformers' logit| of `model` on fixture `name`'s unpadded positions."""
+  ref = reference(name, root)
   got = np.asarray(model.logits(ref["input_ids"]))
   assert got.dtype == np.float32 and got.shape == ref["logits"].shape
   return float(np.abs(got - ref["logits"])[ref["attention_mask"] == 1].max())

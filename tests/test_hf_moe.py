@@ -7,6 +7,7 @@ expert tensor whole, export -> import exact, and every bad checkpoint's error na
 No torch."""
 
 import dataclasses
+import functools
 import hashlib
 import json
 import pathlib
@@ -25,6 +26,8 @@ from scalerl_jax.model.hf import hf_model_config, hf_name_map, load_pretrained
 from scalerl_jax.model.hf_export import HFExportError, export_pretrained, hf_config
 from scalerl_jax.rollout.engine import Engine
 from scalerl_jax.rollout.sampling import GREEDY
+from tests import test_hf_load as hf_load_tests
+from tests.test_hf_export import exact_round_trip
 from tests.test_hf_load import _Recorder, edit_config, expect, flat, rewrite
 
 ROOT = pathlib.Path(__file__).parent / "fixtures" / "hf_moe"
@@ -37,15 +40,8 @@ def loaded():
   return {name: load_pretrained(ROOT / name) for name in FAMILIES}
 
 
-def reference(name):
-  return load_file(str(ROOT / name / "reference_logits.safetensors"))
-
-
-def max_err(model, name) -> float:
-  ref = reference(name)
-  got = np.asarray(model.logits(ref["input_ids"]))
-  assert got.dtype == np.float32 and got.shape == ref["logits"].shape
-  return float(np.abs(got - ref["logits"])[ref["attention_mask"] == 1].max())
+reference = functools.partial(hf_load_tests.reference, root=ROOT)
+max_err = functools.partial(hf_load_tests.max_err, root=ROOT)
 
 
 def copy_of(tmp_path, name):
@@ -218,23 +214,13 @@ def test_loads_onto_an_expert_parallel_mesh_reading_only_the_held_experts(loaded
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_export_then_import_is_exact(loaded, name, tmp_path):
-  model = loaded[name]
-  out = export_pretrained(model.params, model.cfg, tmp_path / name, source_dir=ROOT / name)
-  back = load_pretrained(out)
-  assert back.cfg == model.cfg
-  a, b = flat(model.params), flat(back.params)
-  assert a.keys() == b.keys()
-  for k in a:
-    assert a[k].dtype == b[k].dtype == np.float32 and np.array_equal(a[k], b[k]), k
-  # the per-expert tensors transformers saved, name for name and bit for bit
-  ours, theirs = load_file(str(out / "model.safetensors")), load_file(str(ROOT / name / "model.safetensors"))
-  assert ours.keys() == theirs.keys() and any(".experts.3." in k for k in ours)
-  assert all(np.array_equal(ours[k], theirs[k]) and ours[k].dtype == theirs[k].dtype for k in ours)
+  out, ours = exact_round_trip(loaded[name], ROOT, name, tmp_path)
+  assert any(".experts.3." in k for k in ours)  # the per-expert tensors transformers saved, bit for bit
   # config.json as transformers wrote it for the fixture (but transformers_version)
   c_ours, c_theirs = (json.loads((x / "config.json").read_text()) for x in (out, ROOT / name))
   assert c_ours == {k: v for k, v in c_theirs.items() if k != "transformers_version"}
   assert {k: v for k, v in c_theirs.items() if k != "transformers_version" and not k.endswith("_token_id")} == (
-      hf_config(model.cfg, name))
+      hf_config(loaded[name].cfg, name))
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -131,7 +131,7 @@ class MoE(nnx.Module):
     """(y_BTD, RouterStats). `recorded_BTk`: the generator's ids for this layer (-1: none)."""
     cfg = self.cfg
     B, T, D = x_BTD.shape
-    E, k = cfg.num_experts, cfg.experts_per_token
+    k = cfg.experts_per_token
     x_UD = x_BTD.reshape(B * T, D)
     recorded_Uk = None if recorded_BTk is None else recorded_BTk.reshape(B * T, k)
     logits_UE, probs_UE, own_Uk, ids_Uk, gates_Uk = self.route(x_UD, recorded_Uk, replay)

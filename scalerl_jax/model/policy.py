@@ -22,7 +22,7 @@ from flax import nnx
 from scalerl_jax.config import ModelConfig
 from scalerl_jax.model import transformer
 from scalerl_jax.model.layers import LayerCache, SharedPrefix, dtype_of
-from scalerl_jax.model.moe import RouterStats, Routing
+from scalerl_jax.model.moe import Routing
 
 Params = Any  # nested dict of arrays
 
