@@ -146,15 +146,9 @@ def family_specs(name: str):
   if name == "qwen3_moe":
     # 3 layers, layer 1 dense (mlp_only_layers): MoE layers 0 and 2; 4 experts of width 24, top-2, the top-2
     # probabilities not renormalised (norm_topk_prob false, transformers' default); untied head
-    tok = build_tokenizer(88, QWEN_SPECIALS, bos=None)
-    ids = {t: tok.token_to_id(t) for t in QWEN_SPECIALS}
-    cfg = dict(
-      vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-      num_key_value_heads=2, head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False,
-      rope_theta=1000000.0, use_sliding_window=False, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
-      norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[1],
-      bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
-    tok_cfg = dict(bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    _, _, dense, tok, tok_cfg, _ = family_specs("qwen3")  # the qwen3 fixture's tokenizer and attention
+    cfg = dict(dense, num_hidden_layers=3, tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2,
+               moe_intermediate_size=24, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[1])
     return transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig, cfg, tok, tok_cfg, True
   if name == "mixtral":
     # every layer MoE: 4 experts of width intermediate_size 24, top-2 (always renormalised); head_dim 16 != 32/4;
