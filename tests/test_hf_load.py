@@ -354,11 +354,11 @@ def test_unsupported_configs_are_refused(tmp_path, name, changes, fragments):
     hf_model_config(d)
 
 
-@pytest.mark.parametrize("name", FAMILIES)
-def test_rollout_engine_at_temperature_0_reproduces_generate(loaded, name):
-  """The imported policy works unchanged in the rollout engine (KV-cache decode, stop on any EOS id)."""
-  model = loaded(name)
-  gen = json.loads((ROOT / name / "reference.json").read_text())["generate"]
+def greedy_in_engine(model, root, name):
+  """Fixture `name`'s prompts decoded greedily by the rollout engine (KV cache, stop on any EOS id): (prompts,
+  new tokens per prompt, recorded experts per prompt and new token [None for a dense model], the fixture's
+  `generate` record)."""
+  gen = json.loads((root / name / "reference.json").read_text())["generate"]
   prompts = [np.asarray(p["prompt_ids"], np.int32) for p in gen["prompts"]]
   L, N = max(len(p) for p in prompts), gen["max_new_tokens"]
   assert L + N <= model.cfg.max_seq_len
@@ -369,14 +369,24 @@ def test_rollout_engine_at_temperature_0_reproduces_generate(loaded, name):
   params = jax.device_put(model.params, engine.param_shardings)
   state = engine.prefill_insert(params, engine.init_decode_state(), prompts, np.arange(3), np.arange(3),
                                 np.arange(3), np.zeros(3, np.int32), jax.random.key(0))
-  new = [[] for _ in prompts]
+  new, routes = [[] for _ in prompts], [[] for _ in prompts]
   for _ in range(N):
     state, res = engine.generate(params, state, 0, N, GREEDY)
     res = jax.device_get(res)
     for b in range(len(prompts)):
       new[b] += res.tokens_BN[b][res.valid_BN[b]].tolist()
+      if res.routes_BNXk is not None:
+        routes[b] += list(res.routes_BNXk[b][res.valid_BN[b]])
     if not np.asarray(state.active_B).any():
       break
+  return prompts, new, routes if engine.routes_Xk else None, gen
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_rollout_engine_at_temperature_0_reproduces_generate(loaded, name):
+  """The imported policy works unchanged in the rollout engine (KV-cache decode, stop on any EOS id)."""
+  _, new, routes, gen = greedy_in_engine(loaded(name), ROOT, name)
+  assert routes is None
   assert new == [p["new_ids"] for p in gen["prompts"]]
 
 

@@ -18,14 +18,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from scalerl_jax import mesh as mesh_lib
-from scalerl_jax.config import InterruptionConfig, RolloutConfig
 from scalerl_jax.mesh import make_mesh
 from scalerl_jax.model import hf
 from scalerl_jax.model.hf import hf_model_config, hf_name_map, load_pretrained
 from scalerl_jax.model.hf_export import HFExportError, export_pretrained, hf_config
-from scalerl_jax.rollout.engine import Engine
-from scalerl_jax.rollout.sampling import GREEDY
 from tests import test_hf_load as hf_load_tests
 from tests.test_hf_export import exact_round_trip
 from tests.test_hf_load import _Recorder, edit_config, expect, flat, rewrite
@@ -100,25 +96,7 @@ def test_rollout_engine_decode_reproduces_generate_and_its_experts(loaded, name)
   tokens; the experts the engine records at each decode step (those of the token it fed, at its position) are
   the ones a full forward over prompt + new tokens picks there."""
   model = loaded[name]
-  gen = json.loads((ROOT / name / "reference.json").read_text())["generate"]
-  prompts = [np.asarray(p["prompt_ids"], np.int32) for p in gen["prompts"]]
-  L, N = max(len(p) for p in prompts), gen["max_new_tokens"]
-  cfg = RolloutConfig(max_slots=4, max_prefill_len=L, prefill_buckets=(L,), max_new_tokens=N, decode_chunk=N,
-                      interruption=InterruptionConfig(enabled=False))
-  engine = Engine(model.policy, cfg, mesh_lib.make_mesh("data=1", jax.devices()[:1], mesh_lib.ROLLOUT_AXES),
-                  stop_ids=model.eos_ids)
-  params = jax.device_put(model.params, engine.param_shardings)
-  state = engine.prefill_insert(params, engine.init_decode_state(), prompts, np.arange(3), np.arange(3),
-                                np.arange(3), np.zeros(3, np.int32), jax.random.key(0))
-  new, routes = [[] for _ in prompts], [[] for _ in prompts]
-  for _ in range(N):
-    state, res = engine.generate(params, state, 0, N, GREEDY)
-    res = jax.device_get(res)
-    for b in range(len(prompts)):
-      new[b] += res.tokens_BN[b][res.valid_BN[b]].tolist()
-      routes[b] += list(res.routes_BNXk[b][res.valid_BN[b]])
-    if not np.asarray(state.active_B).any():
-      break
+  prompts, new, routes, gen = hf_load_tests.greedy_in_engine(model, ROOT, name)
   assert new == [p["new_ids"] for p in gen["prompts"]]
   X, k = len(model.cfg.moe_layers), model.cfg.experts_per_token
   for b, p in enumerate(prompts):
