@@ -36,8 +36,9 @@ class Prompt:
   """One prompt as the data pipeline hands it over."""
   prompt_id: str  # stable id (NPR history, resume checks)
   text: str
-  answer: str  # reference answer for the verifier
+  answer: str  # reference answer for the verifier (a code prompt: its tests, see scalerl_jax/rewards/code.py)
   tokens: np.ndarray  # int32[L]
+  task: str = ""  # mixed tasks: "math" | "code" chooses the verifier and the per-task metrics ("": the run's task)
 
 
 @dataclasses.dataclass(frozen=True)

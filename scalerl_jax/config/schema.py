@@ -36,7 +36,8 @@ LossName = Literal["cispo", "reinforce", "grpo", "ppo", "dapo", "gspo"]
 Aggregation = Literal["prompt", "sample", "token", "seq_mean_token_sum"]
 AdvNorm = Literal["batch", "prompt", "none"]
 KLEstimator = Literal["k1", "k3"]
-TaskName = Literal["addition", "countdown", "file"]
+TaskName = Literal["addition", "countdown", "code", "mixed", "file"]  # mixed: addition + code
+TaskMix = Literal["shuffled", "ratio"]  # how data.task=mixed fills batches
 LongPrompts = Literal["error", "truncate", "skip"]
 RewardScale = Literal["01", "pm1"]  # rewards in {0, 1} or {-1, +1}
 NPRHistory = Literal["last", "cumulative"]
@@ -215,7 +216,31 @@ class DataConfig(_Choices):
   # scale's lowest reward (0 under 01, -1 under pm1), so a failed verification never beats a wrong answer
   failure_reward: Optional[float] = None
   reward_scale: RewardScale = "01"
+  # mixed tasks: a row's task (math | code) chooses its verifier and its per-task metrics; task=file reads it from
+  # this field (rows without it are math); code rows hold their tests in the answer field (README: code datasets)
+  task_field: str = "task"
+  code_fraction: float = 0.5  # data.task=mixed: the share of code prompts
+  # shuffled: one pool, code rows drawn with probability code_fraction; ratio: every batch holds exactly
+  # round(code_fraction * prompts_per_step) code prompts
+  task_mix: TaskMix = "shuffled"
   npr: NPRConfig = dataclasses.field(default_factory=NPRConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxConfig:
+  """Where code rewards run the model's programs: bubblewrap (namespaces: mount, PID, IPC, UTS, network; no
+  network at all) plus resource limits. scalerl_jax/rewards/sandbox.py says what each limit does."""
+  python: str = "/usr/bin/python3"  # the interpreter inside the sandbox (its prefix is bound read-only)
+  cpu_s: float = 2.0  # CPU seconds per test run (RLIMIT_CPU)
+  wall_s: float = 4.0  # wall-clock seconds per test run, enforced from outside (the whole process tree is killed)
+  memory_mb: int = 512  # address space (RLIMIT_AS)
+  max_procs: int = 16  # processes and threads (RLIMIT_NPROC, as an unprivileged user)
+  file_kb: int = 1024  # largest file it may write (RLIMIT_FSIZE), its stdout/stderr included
+  open_files: int = 64  # RLIMIT_NOFILE
+  output_kb: int = 64  # bytes of stdout / stderr read back
+  tmp_mb: int = 16  # its private writable /tmp (tmpfs)
+  partial_credit: bool = False  # reward = fraction of tests passed (else 1 only when all pass)
+  marker: str = "|"  # without a fenced block, the program is the text after the last marker (up to '$')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,6 +320,7 @@ class RunConfig:
   rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
   loss: LossConfig = dataclasses.field(default_factory=LossConfig)
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
   optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
   trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
   warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
@@ -343,6 +369,8 @@ __all__ = [
     "MeshConfig",
     "ModelConfig",
     "ModelFamily",
+    "SandboxConfig",
+    "TaskMix",
     "MoEDispatch",
     "NPRConfig",
     "NPRHistory",

@@ -52,6 +52,12 @@ def validate(cfg: RunConfig) -> RunConfig:
     need(m.num_experts == 0, "model.num_experts", "is only used with model.family=moe: set that, or leave it 0")
   need(cfg.loss.router_aux_coef >= 0, "loss.router_aux_coef", "must be >= 0")
   need(cfg.loss.router_z_coef >= 0, "loss.router_z_coef", "must be >= 0")
+  sb = cfg.sandbox
+  for key in ("cpu_s", "wall_s", "memory_mb", "max_procs", "file_kb", "open_files", "output_kb", "tmp_mb"):
+    need(getattr(sb, key) > 0, f"sandbox.{key}", "must be positive")
+  need(bool(sb.python), "sandbox.python", "must name the interpreter that runs programs in the sandbox")
+  need(0.0 <= cfg.data.code_fraction <= 1.0, "data.code_fraction", "must be in [0, 1]")
+  need(bool(cfg.data.task_field), "data.task_field", "must name the field that holds a row's task")
   r = cfg.rollout
   need(r.max_slots > 0, "rollout.max_slots", "must be positive")
   need(r.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)")

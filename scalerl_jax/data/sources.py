@@ -40,6 +40,7 @@ class Record:
   text: str
   answer: str  # reference the verifier checks against
   where: str = ""  # "path:line N" for messages
+  task: str = ""  # mixed tasks: "math" | "code" ("": the run's single task)
 
 
 @dataclasses.dataclass(frozen=True)
