@@ -1,11 +1,13 @@
 """Fit the ScaleRL compute-performance curve R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) to runs, extrapolate.
 
   python launch/fit_curve.py INPUT [INPUT ...] [--x accelerator_seconds|accelerator_hours|flops] [--fit-upto 0.5]
-                             [--c-min X] [--bayes] [--json OUT] [--plot OUT.png]
+                             [--c-min X] [--bayes] [--task T | --per-task] [--json OUT] [--plot OUT.png]
 
 INPUT: a run directory (metrics.jsonl or tensorboard events), a metrics .jsonl, or a CSV with columns
 compute,reward[,n_correct,n_total]. The first point of each input is its R0 measurement. With several inputs the
 runs are also compared (A, P(A1 > A2) with --bayes, B at a common A when |A1 - A2| < 0.02, crossing computes).
+A mixed-task run (math + code) logs one held-out curve per task: `--task code` fits that one, `--per-task` fits
+every task of every input, compares them and plots them together.
 """
 
 import argparse
@@ -32,6 +34,9 @@ def parse_args(argv=None):
   p.add_argument("--method", default="paper", choices=scaling.analysis.METHODS)
   p.add_argument("--bayes", action="store_true", help="also sample the NumPyro posterior (NUTS)")
   p.add_argument("--samples", type=int, default=1000, help="NUTS samples (half as many warmup steps)")
+  p.add_argument("--task", action="append", default=[], metavar="T",
+                 help="fit task T's held-out curve of a mixed-task run (repeatable)")
+  p.add_argument("--per-task", action="store_true", help="fit every task's curve of each input")
   p.add_argument("--json", metavar="OUT", help="write the fits as JSON")
   p.add_argument("--plot", metavar="OUT.png", help="save the fit (one input) or comparison (several) plot")
   p.add_argument("--verbose", action="store_true", help="also show the libraries' INFO logs (jax, numpyro, ...)")
@@ -76,10 +81,16 @@ def main(argv=None) -> int:
   for flag, path in (("--json", args.json), ("--plot", args.plot)):
     if path:
       _writable(path, flag)
+  if args.task and args.per_task:
+    fail("--task and --per-task exclude each other")
   try:
-    runs = [scaling.analyse(scaling.load_points(path, x=args.x), fit_upto=args.fit_upto, c_min=args.c_min,
-                            method=args.method, bayes=args.bayes, num_warmup=args.samples // 2,
-                            num_samples=args.samples) for path in args.inputs]
+    curves = [(path, task) for path in args.inputs
+              for task in (scaling.tasks_in(path) if args.per_task else args.task) or [""]]
+    if args.per_task and all(not t for _, t in curves):
+      fail("--per-task: no input logged per-task curves (eval/<task>/pass_rate); it is not a mixed-task run")
+    runs = [scaling.analyse(scaling.load_points(path, x=args.x, task=task), fit_upto=args.fit_upto,
+                            c_min=args.c_min, method=args.method, bayes=args.bayes, num_warmup=args.samples // 2,
+                            num_samples=args.samples) for path, task in curves]
   except UserError as e:
     fail(str(e))
   out = {"x": args.x, "fit_upto": args.fit_upto, "c_min": args.c_min, "runs": [scaling.summary(r) for r in runs]}

@@ -12,7 +12,7 @@ from scalerl_jax.data.tokenizer import CharTokenizer, HFTokenizer, make_tokenize
 
 def test_char_vocabulary_fits_the_default_model():
   tok = CharTokenizer()
-  assert tok.vocab_size == 24 <= RunConfig().model.vocab_size
+  assert tok.vocab_size == 25 <= RunConfig().model.vocab_size  # "x" (the code task) appended: earlier ids kept
   assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 1, tok.token_id("$"))
   assert tok.token_id("0") == 2 and tok.token_id("|") == 17
 

@@ -70,7 +70,7 @@ def encode_records(records: Sequence[Record], tokenizer, max_prefill_len: int, l
       head = ids[:1] if tokenizer.bos_id is not None and ids[0] == tokenizer.bos_id else []
       ids = head + ids[len(ids) - (max_prefill_len - len(head)):]
       truncated += 1
-    prompts.append(types.Prompt(rec.prompt_id, rec.text, rec.answer, np.asarray(ids, np.int32)))
+    prompts.append(types.Prompt(rec.prompt_id, rec.text, rec.answer, np.asarray(ids, np.int32), rec.task))
   return prompts, {"truncated_prompts": truncated, "skipped_long_prompts": skipped}
 
 
@@ -163,3 +163,48 @@ class PromptStream:
   def metrics(self) -> dict[str, float]:
     return {"data/epoch": self.epoch, "data/epoch_size": self.epoch_size, **{f"data/{k}": v for k, v in
                                                                             self.counts.items()}}
+
+
+class RatioStream:
+  """Batches with a fixed share per task (data.task_mix=ratio): one PromptStream per task, each with its own
+  shuffle, epochs and exact resume, all filtered by the same NPR state (its solved ids are global), and every
+  batch the concatenation of one batch of each (`batch_sizes`, in task order). Same face as PromptStream."""
+
+  def __init__(self, pools: dict[str, Sequence[Record]], batch_sizes: dict[str, int], cfg, tokenizer,
+               max_prefill_len: int, **kwargs):
+    self.streams = {name: PromptStream(pools[name], cfg, tokenizer, max_prefill_len, batch_size=size, **kwargs)
+                    for name, size in batch_sizes.items() if size > 0}
+    self.batch_size = sum(batch_sizes.values())
+
+  def next_batch(self, npr_count: Optional[int] = None) -> list[types.Prompt]:
+    return [p for stream in self.streams.values() for p in stream.next_batch(npr_count)]
+
+  def get_state(self) -> dict:
+    return {name: stream.get_state() for name, stream in self.streams.items()}
+
+  def set_state(self, state: dict) -> None:
+    if set(state) != set(self.streams):
+      raise DataError(f"the checkpoint's prompt pipeline holds the tasks {sorted(state)}, this run "
+                      f"{sorted(self.streams)}: it cannot resume this data order")
+    for name, stream in self.streams.items():
+      stream.set_state(state[name])
+
+  def metrics(self) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, stream in self.streams.items():
+      out.update({f"{k}_{name}" if k in ("data/epoch", "data/epoch_size") else k: v
+                  for k, v in stream.metrics().items()})
+    out["data/epoch"] = min(stream.epoch for stream in self.streams.values())
+    return out
+
+
+def make_prompt_stream(task, cfg, tokenizer, max_prefill_len: int, *, process_count: int = 1, **kwargs):
+  """The run's training prompts: a PromptStream over `task.train_records()`, or with data.task=mixed and
+  data.task_mix=ratio a RatioStream giving every batch round(code_fraction * batch) code prompts."""
+  if cfg.task == "mixed" and cfg.task_mix == "ratio":
+    batch = cfg.prompts_per_step // process_count
+    code = round(cfg.code_fraction * batch)
+    return RatioStream(task.task_records(), {"math": batch - code, "code": code}, cfg, tokenizer, max_prefill_len,
+                       process_count=process_count, counts=task.counts, **kwargs)
+  return PromptStream(task.train_records(), cfg, tokenizer, max_prefill_len, process_count=process_count,
+                      counts=task.counts, **kwargs)

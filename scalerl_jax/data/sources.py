@@ -178,9 +178,40 @@ def _rows(path: pathlib.Path, fields: tuple[str, ...]) -> Iterator[tuple[str, An
     raise DataError(f"{path}: unknown data format {suffix!r} (expected .jsonl or .parquet)")
 
 
+TASKS = ("math", "code")  # the values a row's task field may hold
+
+
+def _task(row: dict, field: str) -> str:
+  """A row's task: "math" without the field (or with a null), else the field's value, which must be in TASKS."""
+  value = _field(row, field) if field else _MISSING
+  if value is _MISSING or value is None:
+    return "math"
+  if value not in TASKS:
+    raise DataError(f"task field {field!r} must be one of {', '.join(TASKS)}, got {_short(value)}")
+  return value
+
+
+def _code_tests(value: Any, field: str) -> str:
+  """A code row's answer: its tests as a JSON object (given as an object or as its JSON text), kept as JSON text
+  for the code verifier (scalerl_jax/rewards/code.py documents the keys)."""
+  if isinstance(value, str):
+    try:
+      value = json.loads(value)
+    except json.JSONDecodeError as exc:
+      raise DataError(f"answer field {field!r} of a code row must be a JSON object of tests ({exc.msg})") from None
+  if not isinstance(value, dict):
+    raise DataError(f"answer field {field!r} of a code row must be a JSON object of tests, got "
+                    f"{type(value).__name__}")
+  if not (value.get("stdio") or value.get("asserts")):
+    raise DataError(f"answer field {field!r} of a code row has no tests (give \"stdio\" pairs or \"asserts\")")
+  return json.dumps(value, sort_keys=True)
+
+
 def read_records(path: str | pathlib.Path, *, prompt_field: str = "prompt", answer_field: str = "answer",
-                 id_field: str = "", skip_bad_rows: bool = False, max_errors: int = 5) -> ReadResult:
-  """All rows of one JSONL or Parquet file as Records, in file order."""
+                 id_field: str = "", skip_bad_rows: bool = False, max_errors: int = 5,
+                 task_field: str = "") -> ReadResult:
+  """All rows of one JSONL or Parquet file as Records, in file order. With `task_field`, each row's task (math
+  when the field is absent) is read too, and a code row's answer is its tests (a JSON object)."""
   path = pathlib.Path(path).expanduser()
   if not path.is_file():
     raise DataError(f"data.path: no such file {path}")
@@ -195,7 +226,14 @@ def read_records(path: str | pathlib.Path, *, prompt_field: str = "prompt", answ
       if isinstance(row, Exception):
         raise row
       text = _text(_field(row, prompt_field), prompt_field, "prompt", allow_numbers=False, row=row)
-      answer = _text(_field(row, answer_field), answer_field, "answer", allow_numbers=True, row=row)
+      task = _task(row, task_field) if task_field else ""
+      if task == "code":
+        raw = _field(row, answer_field)
+        if raw is _MISSING:
+          raise DataError(f"missing answer field {answer_field!r}" + _keys_hint(row, "answer"))
+        answer = _code_tests(raw, answer_field)
+      else:
+        answer = _text(_field(row, answer_field), answer_field, "answer", allow_numbers=True, row=row)
       if id_field:
         pid = _text(_field(row, id_field), id_field, "id", allow_numbers=True, row=row)
         if pid in seen:
@@ -214,7 +252,7 @@ def read_records(path: str | pathlib.Path, *, prompt_field: str = "prompt", answ
       if len(errors) < max_errors:
         errors.append(message)
       continue
-    records.append(Record(pid, text, answer, where))
+    records.append(Record(pid, text, answer, where, task))
   if not records:
     detail = f"; {skipped} bad rows skipped, e.g. {errors[0]}" if skipped else " (the file holds no rows)"
     raise DataError(f"{path}: no usable rows{detail}")

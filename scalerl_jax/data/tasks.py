@@ -33,12 +33,21 @@ EOS):
         prompt "3,5,7>22:"   completion "3*5=15+7=22|3*5+7$"   answer "3,5,7>22"
     Reward: the expression after the last '|' parses (arith.py), uses each given number at most once, equals the
     target. The reference chain uses every number once, keeps every intermediate positive, and never divides by 1.
+  code (knob `digits` = d): write f(x) = a*x + b (a in 1..9, b in [0, 10^d)) from its values at 0 and 1. The work
+    is the slope f(1) - f(0), then '|', then the function body as a Python expression in x; the program run is
+    "def f(x):return " + that expression, against assert tests at x = 2, 3, 7 and 10 in the sandbox
+    (rewards/code.py; any correct expression passes, "x*3+52" as well as "3*x+52").
+        prompt "52,55:"   completion "3|3*x+52$"   answer {"starter": "def f(x):return ", "asserts": [...]}
+  mixed: the addition and code tasks in one pool (rows tagged math / code; data.code_fraction, data.task_mix),
+    each scored by its own verifier, with held-out pass rates and curves per task.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
+import json
 import zlib
 from typing import Callable
 
@@ -211,6 +220,88 @@ class CountdownTask(_BuiltinTask):
     return float(value == int(target) and all(used[n] <= allowed[n] for n in used))
 
 
+def code_reward(completion: str, answer: str) -> float:
+  """The sandboxed code verifier (scalerl_jax/rewards/code.py), imported when first called."""
+  from scalerl_jax.rewards.code import code_reward as run_tests
+  return run_tests(completion, answer)
+
+
+class CodeTask(_BuiltinTask):
+  """Write a linear function from two of its values; see the module docstring for the format."""
+
+  name = "code"
+  STARTER = "def f(x):return "
+  TEST_INPUTS = (2, 3, 7, 10)
+
+  def __init__(self, digits: int = 2, seed: int = 0, num_train: int = 20000, num_eval: int = 512,
+               num_warmstart_val: int = NUM_WARMSTART_VAL):
+    if not 1 <= digits <= 6:
+      raise DataError(f"data.digits must be in [1, 6] for the code task, got {digits}")
+    self.digits = digits
+    super().__init__(digits, seed, num_train, num_eval, num_warmstart_val)
+
+  def _sample(self, rng: np.random.Generator, m: int) -> list[tuple[int, int]]:
+    return [(int(a), int(b)) for a, b in zip(rng.integers(1, 10, m), rng.integers(0, 10**self.digits, m))]
+
+  def _text(self, p: tuple[int, int]) -> str:
+    a, b = p
+    return f"{b},{a + b}:"
+
+  def _answer(self, p: tuple[int, int]) -> str:
+    a, b = p
+    return json.dumps({"starter": self.STARTER, "asserts": [f"assert f({x})=={a * x + b}" for x in self.TEST_INPUTS]})
+
+  def _solution(self, p: tuple[int, int]) -> str:
+    a, b = p
+    return f"{a}{END_MARKER}{a}*x+{b}{EOS_CHAR}"
+
+  reward = staticmethod(code_reward)
+
+
+class MixedTask:
+  """The addition (math) and code tasks in one run: every record tagged with its task, `reward` a verifier per
+  task. Held-out and warm-start splits are both tasks' own (`data.num_eval` each). The training pool holds both
+  tasks' pools in the proportion data.code_fraction (the larger one cut to fit); `task_records()` gives them apart
+  for data.task_mix=ratio."""
+
+  name = "mixed"
+
+  def __init__(self, cfg):
+    self.tasks = {"math": AdditionTask(cfg.digits if cfg.digits <= 9 else 3, cfg.seed, cfg.num_train, cfg.num_eval),
+                  "code": CodeTask(min(cfg.digits, 2), cfg.seed, cfg.num_train, cfg.num_eval)}
+    self.code_fraction = cfg.code_fraction
+    self.counts: dict[str, int] = {}
+    self.skipped_rows = 0
+
+  @staticmethod
+  def _tagged(records: list[Record], task: str) -> list[Record]:
+    return [dataclasses.replace(r, task=task) for r in records]
+
+  def task_records(self) -> dict[str, list[Record]]:
+    """Each task's whole training pool, tagged."""
+    return {name: self._tagged(t.train_records(), name) for name, t in self.tasks.items()}
+
+  def train_records(self) -> list[Record]:
+    pools = self.task_records()
+    f = self.code_fraction
+    n_math, n_code = len(pools["math"]), len(pools["code"])
+    if 0 < f < 1:  # cut the larger pool so the pool's code share is f
+      n_math = min(n_math, round(n_code * (1 - f) / f))
+      n_code = min(n_code, round(n_math * f / (1 - f)))
+    return pools["math"][:n_math if f < 1 else 0] + pools["code"][:n_code if f > 0 else 0]
+
+  def eval_records(self) -> list[Record]:
+    return [r for name, t in self.tasks.items() for r in self._tagged(t.eval_records(), name)]
+
+  def warmstart_val_records(self) -> list[Record]:
+    return [r for name, t in self.tasks.items() for r in self._tagged(t.warmstart_val_records(), name)]
+
+  def solution(self, record: Record) -> str:
+    return self.tasks[record.task].solution(record)
+
+  reward = {"math": AdditionTask.reward, "code": code_reward}
+
+
 class FileTask:
   """Prompts from a JSONL/Parquet file (data.path). The held-out split is the first `num_eval` rows of
   data.eval_path when given, else `num_eval` rows of data.path held out by a hash of their id (so the split does not
@@ -224,13 +315,14 @@ class FileTask:
 
   def __init__(self, cfg):
     result = read_records(cfg.path, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
-                          id_field=cfg.id_field, skip_bad_rows=cfg.skip_bad_rows)
+                          id_field=cfg.id_field, skip_bad_rows=cfg.skip_bad_rows, task_field=cfg.task_field)
     self.skipped_rows = result.skipped
     self.bad_row_examples = result.errors
     records = result.records
     if cfg.eval_path:  # the held-out split has its own file: every training row trains
       held_out = read_records(cfg.eval_path, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
-                              id_field=cfg.id_field, skip_bad_rows=cfg.skip_bad_rows).records
+                              id_field=cfg.id_field, skip_bad_rows=cfg.skip_bad_rows,
+                              task_field=cfg.task_field).records
       self._eval, train = held_out[:cfg.num_eval], records
     else:
       if len(records) <= cfg.num_eval:
@@ -247,6 +339,10 @@ class FileTask:
     self.counts = {**result.counts(), "overlap_dropped": self.overlap_dropped}
     if not self._train:
       raise DataError(f"{cfg.path}: every training row repeats a held-out prompt")
+    self.tasks_present = sorted({r.task for r in self._train + self._eval})
+    if self.tasks_present == ["math"]:  # a math-only file: one verifier, untagged (the single-task run of before)
+      self._train = [dataclasses.replace(r, task="") for r in self._train]
+      self._eval = [dataclasses.replace(r, task="") for r in self._eval]
 
   def train_records(self) -> list[Record]:
     return list(self._train)
@@ -260,17 +356,24 @@ class FileTask:
   def solution(self, record: Record) -> str:
     raise DataError("data.task=file has no reference completions; disable warm_start")
 
-  @staticmethod
-  def reward(completion: str, answer: str) -> float:
-    return math_verify_reward(completion, answer)
+  @property
+  def reward(self):
+    """math-verify; a file with code rows: {"math": math-verify, "code": the sandboxed code verifier}."""
+    if self.tasks_present == ["math"]:
+      return math_verify_reward
+    return {"math": math_verify_reward, "code": code_reward}
 
 
-def make_task(cfg) -> AdditionTask | CountdownTask | FileTask:
+def make_task(cfg) -> AdditionTask | CountdownTask | CodeTask | MixedTask | FileTask:
   """From a DataConfig. For countdown, `data.digits` is the number count."""
   if cfg.task == "addition":
     return AdditionTask(cfg.digits, cfg.seed, cfg.num_train, cfg.num_eval)
   if cfg.task == "countdown":
     return CountdownTask(cfg.digits, cfg.seed, cfg.num_train, cfg.num_eval)
+  if cfg.task == "code":
+    return CodeTask(cfg.digits if cfg.digits <= 6 else 2, cfg.seed, cfg.num_train, cfg.num_eval)
+  if cfg.task == "mixed":
+    return MixedTask(cfg)
   if cfg.task == "file":
     return FileTask(cfg)
-  raise DataError(f"data.task must be addition, countdown or file, got {cfg.task!r}")
+  raise DataError(f"data.task must be addition, countdown, code, mixed or file, got {cfg.task!r}")

@@ -28,7 +28,7 @@ from scalerl_jax.data.sources import DataError
 
 END_MARKER = "|"  # end of thinking in the built-in tasks' completions
 EOS_CHAR = "$"
-CHARS = "0123456789+-*/=|$,>:()"
+CHARS = "0123456789+-*/=|$,>:()x"  # x: the built-in code task's variable (appended: earlier ids unchanged)
 
 
 def apply_template(template: str, prompt: str) -> str:

@@ -52,4 +52,20 @@ class Evaluator:
         "eval/reward_failures": self._failures,  # verifier calls that raised or timed out, scored as failures
         "eval/seconds": time.perf_counter() - t0,
     })
+    out.update(per_task_metrics([p.task for p in prompts], correct_PN, greedy_P1))
     return out
+
+
+def per_task_metrics(tasks: Sequence[str], correct_PN: np.ndarray, greedy_P1: np.ndarray) -> dict:
+  """Mixed tasks: eval/<task>/{pass_rate, greedy_pass_at_1, n_correct, n_total, per_prompt_correct} over each
+  task's prompts (the keys scaling.io reads for a per-task curve); {} when the prompts carry no task."""
+  tasks_P = np.asarray(tasks)
+  out: dict = {}
+  for task in sorted(set(tasks) - {""}):
+    mine = tasks_P == task
+    correct, counts = correct_PN[mine], correct_PN[mine].sum(axis=1)
+    out.update({f"eval/{task}/pass_rate": float(correct.mean()),
+                f"eval/{task}/greedy_pass_at_1": float(greedy_P1[mine].mean()),
+                f"eval/{task}/n_correct": int(counts.sum()), f"eval/{task}/n_total": int(correct.size),
+                f"eval/{task}/per_prompt_correct": counts.tolist()})
+  return out

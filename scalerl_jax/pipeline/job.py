@@ -37,7 +37,7 @@ from scalerl_jax import distributed, faults, rl, types
 from scalerl_jax.config import ConfigError, RunConfig, to_yaml, validate, validate_with_tokenizer
 from scalerl_jax.errors import UserError
 from scalerl_jax.data.npr import NPRState
-from scalerl_jax.data.prompt_stream import PromptsExhausted, PromptStream, encode_records
+from scalerl_jax.data.prompt_stream import PromptsExhausted, encode_records, make_prompt_stream
 from scalerl_jax.data.tasks import make_task
 from scalerl_jax.data.tokenizer import make_tokenizer
 from scalerl_jax.mesh import ROLLOUT_AXES, ROLLOUT_RULES, TRAIN_RULES, Layout, make_mesh, split_devices
@@ -92,9 +92,9 @@ class RLJob:
     validate_with_tokenizer(cfg, self.tokenizer)
     self.task = make_task(d)
     npr = NPRState(d.npr)
-    self.cursor = DataCursor(PromptStream(self.task.train_records(), d, self.tokenizer, s.L, npr=npr,
-                                          counts=self.task.counts,
-                                          process_index=jax.process_index(), process_count=jax.process_count()), npr,
+    self.cursor = DataCursor(make_prompt_stream(self.task, d, self.tokenizer, s.L, npr=npr,
+                                                process_index=jax.process_index(),
+                                                process_count=jax.process_count()), npr,
                              max_lag=AdmissionPolicy.from_config(cfg.pipeline.mode, cfg.pipeline.max_lag).k)
     self.rewards = make_reward_runner(d, self.task.reward)
     it = r.interruption

@@ -36,7 +36,23 @@ def host_metrics(batch: types.ScoredBatch, packed: types.PackedRows, prepare_met
       "pipeline/lag_min": float(lag.min()), "pipeline/lag_mean": float(lag.mean()),
       "pipeline/lag_max": float(lag.max()),
       "pipeline/weight_sync_s": sync_s, "pipeline/trainer_wait_s": wait_s, "pipeline/version": version,
+      **task_metrics(batch),
   }
+
+
+def task_metrics(batch: types.ScoredBatch) -> dict:
+  """Mixed tasks: each task's prompts, pass rate and mean completion length in this step's batch
+  (train/<task>/...); {} when the prompts carry no task."""
+  by_task: dict[str, list] = {}
+  for g in batch.groups:
+    if g.prompt.task:
+      by_task.setdefault(g.prompt.task, []).append(g)
+  out = {}
+  for task, groups in sorted(by_task.items()):
+    out[f"train/{task}/prompts"] = len(groups)
+    out[f"train/{task}/pass_rate"] = float(np.mean([g.pass_rate for g in groups]))
+    out[f"train/{task}/completion_tokens"] = float(np.mean([len(s.tokens) for g in groups for s in g.samples]))
+  return out
 
 
 def finish(record: types.StepRecord, generator_stats=None) -> dict:

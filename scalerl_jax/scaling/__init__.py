@@ -8,7 +8,7 @@
     analysis.py   one run end to end: analyse / summary / format_report
     compare.py    P(A1 > A2), the paper's B rule at a common A, crossing computes
     plots.py      matplotlib figures (imported on demand)
-    end_of_run.py fit_run: the trainer's end-of-run fit, optional plot and summary (above analysis and plots)
+    end_of_run.py fit_run / fit_tasks: the trainer's end-of-run fit (per task for mixed runs), plot, summary
     synthetic.py  runs with known curves (tests, notebook, benchmark)
 """
 
@@ -17,14 +17,14 @@ from scalerl_jax.scaling.bayes import BayesFit, fit_bayes, fit_bayes_seeds
 from scalerl_jax.scaling.compare import (compare_b, compare_runs, crossings, format_comparison, prob_a_greater,
                                          refit_common_a)
 from scalerl_jax.scaling.curves import PowerLawParams, SigmoidParams
-from scalerl_jax.scaling.end_of_run import fit_run
+from scalerl_jax.scaling.end_of_run import fit_run, fit_tasks
 from scalerl_jax.scaling.fit import LsqFit, fit_fixed_a, fit_free, fit_paper, fit_power_law
-from scalerl_jax.scaling.io import load_points
+from scalerl_jax.scaling.io import load_points, tasks_in
 from scalerl_jax.scaling.points import CurveDataError, CurvePoints, Window, split
 
 __all__ = [
     "BayesFit", "CurveDataError", "CurvePoints", "LsqFit", "PowerLawParams", "RunFit", "SigmoidParams", "Window",
     "analyse", "compare_b", "compare_runs", "crossings", "fit_bayes", "fit_bayes_seeds", "fit_fixed_a",
-    "fit_free", "fit_paper", "fit_power_law", "fit_run", "format_comparison", "format_report", "load_points",
-    "prob_a_greater", "refit_common_a", "split", "summary",
+    "fit_free", "fit_paper", "fit_power_law", "fit_run", "fit_tasks", "format_comparison", "format_report", "load_points",
+    "prob_a_greater", "refit_common_a", "split", "summary", "tasks_in",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Optional, Union
 
 from scalerl_jax.scaling.analysis import analyse, summary
-from scalerl_jax.scaling.io import DEFAULT_X, load_points
+from scalerl_jax.scaling.io import DEFAULT_X, load_points, tasks_in
 from scalerl_jax.scaling.points import CurvePoints
 
 
@@ -27,3 +27,16 @@ def fit_run(points: Union[CurvePoints, str], *, x: str = DEFAULT_X, fit_upto: fl
     from scalerl_jax.scaling import plots  # matplotlib only when asked
     plots.save(plots.plot_fit(run).figure, plot)
   return summary(run)
+
+
+def fit_tasks(run_dir: str, *, x: str = DEFAULT_X, fit_upto: float = 0.5, c_min: float = 0.0, bayes: bool = True,
+              plot: Optional[str] = None, **kwargs) -> dict:
+  """A mixed-task run: one fit per task's held-out curve (`tasks_in`), summaries keyed by task; `plot` draws every
+  task's curve on one axis. {} for a single-task run."""
+  tasks = tasks_in(run_dir)
+  runs = {t: analyse(load_points(run_dir, x=x, task=t), fit_upto=fit_upto, c_min=c_min, bayes=bayes, **kwargs)
+          for t in tasks}
+  if plot and runs:
+    from scalerl_jax.scaling import plots
+    plots.save(plots.plot_comparison(list(runs.values())).figure, plot)
+  return {t: summary(r) for t, r in runs.items()}

@@ -7,6 +7,9 @@ value read must be a JSON number (a non-numeric one is a CurveDataError naming t
 without its newline that does not parse is what a kill leaves mid-write: it is skipped with a warning, as the trainer
 does on resume; any other broken line is an error naming its line.
 
+Mixed tasks (`task=`): the same keys under "eval/<task>/" ("eval/code/pass_rate", "eval/code/n_correct", ...), one
+curve per task; `tasks_in` lists the tasks a run logged.
+
 CSV: a header with `compute,reward` and optionally `n_correct,n_total`.
 
 Tensorboard event files: the same tags as scalars. They are decoded with the protobufs that ship with tensorboardX
@@ -39,25 +42,44 @@ EVAL_KEY = "eval/pass_rate"
 log = logging.getLogger(__name__)
 
 
-def load_points(path, x: str = DEFAULT_X) -> CurvePoints:
-  """Points of one input: a run directory, a metrics .jsonl, a tensorboard events file, or a .csv."""
+def load_points(path, x: str = DEFAULT_X, task: str = "") -> CurvePoints:
+  """Points of one input: a run directory, a metrics .jsonl, a tensorboard events file, or a .csv; `task`: that
+  task's held-out curve of a mixed-task run (named "<input> [<task>]")."""
   if x not in X_AXES:
     raise CurveDataError(f"unknown compute axis {x!r}; choose one of {sorted(X_AXES)}")
   p = pathlib.Path(path)
+  if p.suffix.lower() == ".csv" and p.is_file():
+    if task:
+      raise CurveDataError(f"{p}: a CSV holds one curve; task={task!r} needs a run directory or metrics file")
+    return _read_csv(p)
+  records, places = _records_of(p)
+  return _from_records(records, places, x, str(p) + (f" [{task}]" if task else ""), task)
+
+
+def tasks_in(path) -> list[str]:
+  """The tasks whose held-out curves a run logged (eval/<task>/pass_rate), sorted; [] for a single-task run."""
+  p = pathlib.Path(path)
+  if p.suffix.lower() == ".csv":
+    return []
+  records, _ = _records_of(p)
+  found = {k.split("/")[1] for r in records for k in r if k.startswith("eval/") and k.endswith("/pass_rate")
+           and k.count("/") == 2}
+  return sorted(found)
+
+
+def _records_of(p: pathlib.Path) -> tuple[List[dict], List[str]]:
   if p.is_dir():
     if (p / "metrics.jsonl").is_file():
-      return _from_records(*_read_jsonl(p / "metrics.jsonl"), x, str(p))
+      return _read_jsonl(p / "metrics.jsonl")
     events = sorted(p.rglob("events.out.tfevents.*"))
     if events:
-      return _from_records(*_events_with_places(events), x, str(p))
+      return _events_with_places(events)
     raise CurveDataError(f"{p}: no metrics.jsonl or tensorboard events file in this run directory")
   if not p.is_file():
     raise CurveDataError(f"{p}: no such file or directory")
-  if p.suffix.lower() == ".csv":
-    return _read_csv(p)
   if "tfevents" in p.name:
-    return _from_records(*_events_with_places([p]), x, str(p))
-  return _from_records(*_read_jsonl(p), x, str(p))
+    return _events_with_places([p])
+  return _read_jsonl(p)
 
 
 def _read_text(path: pathlib.Path) -> str:
@@ -107,24 +129,26 @@ def _number(value: Any, key: str, place: str, integer: bool = False) -> float:
   return number
 
 
-def _from_records(records: List[dict], places: List[str], x: str, name: str) -> CurvePoints:
+def _from_records(records: List[dict], places: List[str], x: str, name: str, task: str = "") -> CurvePoints:
   key, factor = X_AXES[x]
-  evals = [(r, w) for r, w in zip(records, places) if EVAL_KEY in r]
+  group = f"eval/{task}/" if task else "eval/"
+  eval_key = group + "pass_rate"
+  evals = [(r, w) for r, w in zip(records, places) if eval_key in r]
   if not evals:
-    raise CurveDataError(f"{name}: no evaluation lines (with {EVAL_KEY!r})")
+    raise CurveDataError(f"{name}: no evaluation lines (with {eval_key!r})")
   missing = [r.get("step", "?") for r, _ in evals if key not in r]
   if missing:
     raise CurveDataError(f"{name}: evaluation step(s) {missing[:5]} lack {key!r}")
   compute = np.array([_number(r[key], key, w) for r, w in evals]) * factor
-  reward = np.array([_number(r[EVAL_KEY], EVAL_KEY, w) for r, w in evals])
+  reward = np.array([_number(r[eval_key], eval_key, w) for r, w in evals])
   counts = {}
-  if all("eval/n_correct" in r and "eval/n_total" in r for r, _ in evals):
-    counts = {k: [_number(r[f"eval/{k}"], f"eval/{k}", w, integer=True) for r, w in evals]
+  if all(f"{group}n_correct" in r and f"{group}n_total" in r for r, _ in evals):
+    counts = {k: [_number(r[f"{group}{k}"], f"{group}{k}", w, integer=True) for r, w in evals]
               for k in ("n_correct", "n_total")}
-  per_prompt = [r.get("eval/per_prompt_correct") for r, _ in evals]
+  per_prompt = [r.get(f"{group}per_prompt_correct") for r, _ in evals]
   if (all(isinstance(v, list) and v for v in per_prompt) and len({len(v) for v in per_prompt}) == 1
       and "eval/samples_per_prompt" in evals[0][0]):
-    per_prompt = [[_number(c, f"eval/per_prompt_correct[{j}]", w, integer=True) for j, c in enumerate(v)]
+    per_prompt = [[_number(c, f"{group}per_prompt_correct[{j}]", w, integer=True) for j, c in enumerate(v)]
                   for v, (_, w) in zip(per_prompt, evals)]
     spp = _number(evals[0][0]["eval/samples_per_prompt"], "eval/samples_per_prompt", evals[0][1], integer=True)
     counts.update(per_prompt=np.array(per_prompt, dtype=np.int64), samples_per_prompt=int(spp))
