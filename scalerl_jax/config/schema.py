@@ -220,6 +220,7 @@ class DataConfig(_Choices):
   # this field (rows without it are math); code rows hold their tests in the answer field (README: code datasets)
   task_field: str = "task"
   code_fraction: float = 0.5  # data.task=mixed: the share of code prompts
+  code_digits: int = 2  # the built-in code task's knob (digits of f(0)); addition's is data.digits
   # shuffled: one pool, code rows drawn with probability code_fraction; ratio: every batch holds exactly
   # round(code_fraction * prompts_per_step) code prompts
   task_mix: TaskMix = "shuffled"

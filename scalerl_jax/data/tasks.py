@@ -33,9 +33,9 @@ EOS):
         prompt "3,5,7>22:"   completion "3*5=15+7=22|3*5+7$"   answer "3,5,7>22"
     Reward: the expression after the last '|' parses (arith.py), uses each given number at most once, equals the
     target. The reference chain uses every number once, keeps every intermediate positive, and never divides by 1.
-  code (knob `digits` = d): write f(x) = a*x + b (a in 1..9, b in [0, 10^d)) from its values at 0 and 1. The work
-    is the slope f(1) - f(0), then '|', then the function body as a Python expression in x; the program run is
-    "def f(x):return " + that expression, against assert tests at x = 2, 3, 7 and 10 in the sandbox
+  code (knob `code_digits` = d): write f(x) = a*x + b (a in 1..9, b in [0, 10^d)) from its values at 0 and 1.
+    The work is the slope f(1) - f(0), then '|', then the function body as a Python expression in x; the program
+    run is "def f(x):return " + that expression, against assert tests at x = 2, 3, 7 and 10 in the sandbox
     (rewards/code.py; any correct expression passes, "x*3+52" as well as "3*x+52").
         prompt "52,55:"   completion "3|3*x+52$"   answer {"starter": "def f(x):return ", "asserts": [...]}
   mixed: the addition and code tasks in one pool (rows tagged math / code; data.code_fraction, data.task_mix),
@@ -236,7 +236,7 @@ class CodeTask(_BuiltinTask):
   def __init__(self, digits: int = 2, seed: int = 0, num_train: int = 20000, num_eval: int = 512,
                num_warmstart_val: int = NUM_WARMSTART_VAL):
     if not 1 <= digits <= 6:
-      raise DataError(f"data.digits must be in [1, 6] for the code task, got {digits}")
+      raise DataError(f"data.code_digits must be in [1, 6], got {digits}")
     self.digits = digits
     super().__init__(digits, seed, num_train, num_eval, num_warmstart_val)
 
@@ -267,8 +267,8 @@ class MixedTask:
   name = "mixed"
 
   def __init__(self, cfg):
-    self.tasks = {"math": AdditionTask(cfg.digits if cfg.digits <= 9 else 3, cfg.seed, cfg.num_train, cfg.num_eval),
-                  "code": CodeTask(min(cfg.digits, 2), cfg.seed, cfg.num_train, cfg.num_eval)}
+    self.tasks = {"math": AdditionTask(cfg.digits, cfg.seed, cfg.num_train, cfg.num_eval),
+                  "code": CodeTask(cfg.code_digits, cfg.seed, cfg.num_train, cfg.num_eval)}
     self.code_fraction = cfg.code_fraction
     self.counts: dict[str, int] = {}
     self.skipped_rows = 0
@@ -371,7 +371,7 @@ def make_task(cfg) -> AdditionTask | CountdownTask | CodeTask | MixedTask | File
   if cfg.task == "countdown":
     return CountdownTask(cfg.digits, cfg.seed, cfg.num_train, cfg.num_eval)
   if cfg.task == "code":
-    return CodeTask(cfg.digits if cfg.digits <= 6 else 2, cfg.seed, cfg.num_train, cfg.num_eval)
+    return CodeTask(cfg.code_digits, cfg.seed, cfg.num_train, cfg.num_eval)
   if cfg.task == "mixed":
     return MixedTask(cfg)
   if cfg.task == "file":

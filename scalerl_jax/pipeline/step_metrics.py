@@ -2,8 +2,9 @@
 (`host_metrics`), the device half one step later (`finish`), when the device scalars are ready without waiting.
 `StepLog` holds the pending step and writes it (with an evaluation when one is due) to the sinks.
 
-Keys are `group/name`: train/ (loss diagnostics, grad and update norms, throughput), rollout/ (tokens, truncation,
-interruption, reward failures), moe/ (an MoE policy's router losses, routing mismatch and expert loads), pipeline/ (lag of the consumed tokens, weight-sync time, trainer wait, generator
+Keys are `group/name`: train/ (loss diagnostics, grad and update norms, throughput; train/<task>/... per task of a
+mixed run), rollout/ (tokens, truncation, interruption, reward failures), moe/ (an MoE policy's router losses,
+routing mismatch and expert loads), pipeline/ (lag of the consumed tokens, weight-sync time, trainer wait, generator
 idle), data/ (epoch, NPR), compute/ (the curve's x axis, from ComputeMeter).
 """
 
