@@ -1,0 +1,152 @@
+"""Mixed math + code data: the built-in code task, the mixed pool and its ratio-controlled batches (with resume),
+code rows of a user file, per-task metrics, and per-task curves (scaling.io, fit_curve.py --per-task)."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from launch import fit_curve as cli
+from scalerl_jax import scaling, types
+from scalerl_jax.config import load_config
+from scalerl_jax.data.npr import NPRState
+from scalerl_jax.data.prompt_stream import RatioStream, make_prompt_stream
+from scalerl_jax.data.sources import DataError
+from scalerl_jax.data.tasks import CodeTask, MixedTask, code_reward, make_task
+from scalerl_jax.data.tokenizer import CharTokenizer
+from scalerl_jax.pipeline.held_out import per_task_metrics
+from scalerl_jax.pipeline.step_metrics import task_metrics
+from scalerl_jax.scaling import synthetic
+
+
+def mixed_cfg(*overrides):
+  return load_config(overrides=["data.task=mixed", "data.num_eval=32", "data.prompts_per_step=8", *overrides]).data
+
+
+def test_code_task_problems_solutions_and_tests_agree():
+  task = CodeTask(2, 0, 20000, 64)
+  splits = [task.train_records(), task.eval_records(), task.warmstart_val_records()]
+  texts = [{r.text for r in s} for s in splits]
+  assert not (texts[0] & texts[1] or texts[0] & texts[2] or texts[1] & texts[2])
+  assert len(texts[0]) == 9 * 100 - 64 - 256  # every other problem of the space trains
+  tok = CharTokenizer()
+  for r in splits[1][:20]:
+    solution = task.solution(r)
+    tok.encode(r.text + solution)  # the char vocabulary covers prompt and completion
+    b, f1 = map(int, r.text.rstrip(":").split(","))
+    slope, _, body = solution.rstrip("$").partition("|")
+    tests = json.loads(r.answer)
+    # the reference body, run by plain Python here (our own text, not a model's), passes the item's asserts
+    namespace = {}
+    exec(tests["starter"] + body, namespace)  # noqa: S102
+    for statement in tests["asserts"]:
+      exec(statement, namespace)  # noqa: S102
+    assert int(slope) == f1 - b and len(tests["asserts"]) == 4
+
+
+def test_mixed_pool_is_tagged_and_keeps_the_code_share():
+  for fraction in (0.5, 0.25, 1.0, 0.0):
+    task = MixedTask(mixed_cfg(f"data.code_fraction={fraction}"))
+    pool = task.train_records()
+    code = sum(r.task == "code" for r in pool)
+    assert {r.task for r in pool} <= {"math", "code"} and abs(code / len(pool) - fraction) < 0.01
+  assert {r.task for r in task.eval_records()} == {"math", "code"} and len(task.eval_records()) == 64
+  assert set(task.reward) == {"math", "code"} and task.reward["code"] is code_reward
+  record = next(r for r in task.eval_records() if r.task == "code")
+  assert task.solution(record) == task.tasks["code"].solution(dataclasses.replace(record, task=""))
+
+
+def test_ratio_stream_fills_every_batch_with_the_share_and_resumes_exactly():
+  cfg = mixed_cfg("data.task_mix=ratio", "data.code_fraction=0.25")
+  task, tok = MixedTask(cfg), CharTokenizer()
+  stream = make_prompt_stream(task, cfg, tok, 10, npr=NPRState(cfg.npr))
+  assert isinstance(stream, RatioStream)
+  for _ in range(3):
+    batch = stream.next_batch()
+    assert [p.task for p in batch] == ["math"] * 6 + ["code"] * 2
+  state = json.loads(json.dumps(stream.get_state()))
+  expected = [[p.prompt_id for p in stream.next_batch()] for _ in range(4)]
+  again = make_prompt_stream(task, cfg, tok, 10, npr=NPRState(cfg.npr))
+  again.set_state(state)
+  assert [[p.prompt_id for p in again.next_batch()] for _ in range(4)] == expected
+  shuffled = make_prompt_stream(task, mixed_cfg(), tok, 10, npr=NPRState(cfg.npr))
+  assert {p.task for _ in range(4) for p in shuffled.next_batch()} == {"math", "code"}
+
+
+def test_file_rows_choose_their_task_and_code_rows_hold_tests(tmp_path):
+  tests = {"starter": "def f(x):return ", "asserts": ["assert f(1)==2"]}
+  rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "double", "answer": tests, "task": "code"},
+          {"prompt": "2+2=", "answer": "4", "task": "math"}, {"prompt": "inc", "answer": json.dumps(tests),
+                                                               "task": "code"}]
+  path = tmp_path / "mixed.jsonl"
+  path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  cfg = load_config(overrides=["data.task=file", f"data.path={path}", "data.num_eval=1"]).data
+  task = make_task(cfg)
+  records = task.train_records() + task.eval_records()
+  assert sorted(r.task for r in records) == ["code", "code", "math", "math"]
+  assert all(json.loads(r.answer) == tests for r in records if r.task == "code")
+  assert set(task.reward) == {"math", "code"}
+  math_only = tmp_path / "math.jsonl"
+  math_only.write_text("\n".join(json.dumps(r) for r in (rows[0], rows[2])) + "\n")
+  single = make_task(dataclasses.replace(cfg, path=str(math_only)))
+  assert callable(single.reward) and {r.task for r in single.train_records() + single.eval_records()} == {""}
+  for bad, message in (({"prompt": "p", "answer": "a", "task": "sql"}, "line 2: task field 'task' must be one of"),
+                       ({"prompt": "p", "answer": {"starter": ""}, "task": "code"}, "line 2: answer field 'answer' "
+                                                                                   "of a code row has no tests"),
+                       ({"prompt": "p", "answer": "not json", "task": "code"}, "must be a JSON object of tests")):
+    path.write_text(json.dumps(rows[0]) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(DataError, match=message):
+      make_task(cfg)
+
+
+def _group(task, rewards, n_tokens=3):
+  prompt = types.Prompt(f"{task}-{rewards}", "", "", np.zeros(2, np.int32), task)
+  sample = types.Sample("x", np.zeros(2, np.int32), np.zeros(n_tokens, np.int32), np.zeros(n_tokens, np.float32),
+                        np.zeros(n_tokens, np.int32), np.zeros(n_tokens, bool), False, False)
+  return types.ScoredGroup(prompt, (sample,) * len(rewards), np.asarray(rewards, np.float32),
+                           np.asarray(rewards) > 0.5)
+
+
+def test_per_task_train_and_eval_metrics():
+  batch = types.ScoredBatch(0, (_group("math", [1, 0]), _group("code", [1, 1], 5), _group("code", [0, 0], 7)))
+  out = task_metrics(batch)
+  assert out == {"train/code/prompts": 2, "train/code/pass_rate": 0.5, "train/code/completion_tokens": 6.0,
+                 "train/math/prompts": 1, "train/math/pass_rate": 0.5, "train/math/completion_tokens": 3.0}
+  assert task_metrics(types.ScoredBatch(0, (_group("", [1, 0]),))) == {}
+  correct = np.array([[1, 1], [0, 1], [0, 0]], bool)
+  got = per_task_metrics(["math", "code", "code"], correct, np.array([[1], [0], [1]], bool))
+  assert got["eval/code/pass_rate"] == 0.25 and got["eval/code/per_prompt_correct"] == [1, 0]
+  assert got["eval/math/n_correct"] == 2 and got["eval/code/n_total"] == 4 and got["eval/code/greedy_pass_at_1"] == 0.5
+  assert per_task_metrics(["", ""], correct[:2], correct[:2, :1]) == {}
+
+
+@pytest.fixture(scope="module")
+def mixed_run(tmp_path_factory):
+  """A metrics.jsonl whose evaluations carry two task curves with different ceilings (synthetic, known)."""
+  root = tmp_path_factory.mktemp("mixed")
+  math = synthetic.synthetic_run(synthetic.table1("ScaleRL", r0=0.3), 16000.0, n_evals=30, seed=1)
+  code = synthetic.synthetic_run(synthetic.table1("ScaleRL-Scout", r0=0.2), 16000.0, n_evals=30, seed=2)
+  lines = []
+  for i, (c, rm, rc) in enumerate(zip(math.compute, math.reward, code.reward)):
+    lines.append({"step": i, "compute/accelerator_seconds": float(c), "eval/pass_rate": float(rm + rc) / 2,
+                  "eval/math/pass_rate": float(rm), "eval/code/pass_rate": float(rc)})
+  (root / "metrics.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+  return root, math, code
+
+
+def test_per_task_points_and_fits(mixed_run, tmp_path, capsys):
+  root, math, code = mixed_run
+  assert scaling.tasks_in(root) == ["code", "math"]
+  pts = scaling.load_points(root, task="code")
+  np.testing.assert_allclose(pts.reward, code.reward, rtol=1e-6)
+  assert pts.name.endswith("[code]")
+  fits = scaling.fit_tasks(str(root), bayes=False, plot=str(tmp_path / "tasks.png"))
+  assert set(fits) == {"code", "math"} and (tmp_path / "tasks.png").stat().st_size > 0
+  assert cli.main([str(root), "--per-task", "--json", str(tmp_path / "f.json")]) == 0
+  out = json.loads((tmp_path / "f.json").read_text())
+  assert [r["name"].rsplit(" ", 1)[1] for r in out["runs"]] == ["[code]", "[math]"] and out["comparisons"]
+  assert cli.main([str(root), "--task", "math"]) == 0
+  with pytest.raises(SystemExit):
+    cli.main([str(root), "--task", "math", "--per-task"])
+  assert "exclude each other" in capsys.readouterr().err
