@@ -43,6 +43,8 @@ def cache_path(cfg: RunConfig, task) -> pathlib.Path:
          "task": [cfg.data.task, cfg.data.digits, cfg.data.num_train, cfg.data.num_eval, cfg.data.seed,
                   cfg.data.tokenizer, cfg.data.chat_template], "seed": cfg.seed,
          "rollout": [cfg.rollout.max_prefill_len, cfg.rollout.max_new_tokens], "eval_samples": cfg.pipeline.eval_samples}
+  if cfg.data.task in ("code", "mixed"):  # (keys of the other tasks unchanged: their caches stay valid)
+    key["task"] += [cfg.data.code_digits, cfg.data.code_fraction]
   digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
   return pathlib.Path(cfg.warm_start.cache_dir).expanduser() / f"{cfg.data.task}-{digest}.safetensors"
 
