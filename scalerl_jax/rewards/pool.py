@@ -71,15 +71,23 @@ def _stop(pool: ProcessPool) -> None:
 
 
 class PoolResult:
-  """One batch from the pool: values float64[n] (nan where failed), errors (text or None per call), which calls
-  timed out, and how many workers were killed for overrunning."""
+  """One batch from the pool: values float64[n] (nan where failed), errors (text or None per call), causes (what
+  a verifier that returns a Scored said, else None), which calls timed out, how many workers were killed for
+  overrunning, and how many calls were queued in the pool when the batch was scheduled (its own included)."""
 
   def __init__(self, n: int):
     self.values = np.full(n, math.nan)
     self.errors: list[Optional[str]] = [None] * n
+    self.causes: list[Optional[str]] = [None] * n
     self.timed_out = np.zeros(n, bool)
     self.killed_workers = 0
     self.succeeded = 0
+    self.queued = 0
+
+  def put(self, chunk: list[int], outcomes) -> None:
+    for i, (value, error, cause) in zip(chunk, outcomes):
+      self.values[i], self.errors[i], self.causes[i] = value, error, cause
+      self.succeeded += error is None
 
 
 class VerifierPool:
@@ -89,15 +97,18 @@ class VerifierPool:
   and is stopped by `close()` (idempotent; a later call starts a new one) or when this object is collected.
   """
 
-  def __init__(self, ref: str, workers: int, timeout_s: float, preload: Sequence[str] = ()):
+  def __init__(self, ref: str, workers: int, timeout_s: float, preload: Sequence[str] = (),
+               setup: Sequence[tuple[str, tuple]] = ()):
     if workers < 1:
       raise ValueError(f"data.reward_workers must be >= 1, got {workers}")
     self.ref, self.workers, self.timeout_s, self.preload = ref, int(workers), float(timeout_s), tuple(preload)
+    self.setup = tuple(setup)  # (function reference, args) each worker calls once at start (worker.init)
     self._lock = threading.Lock()
     self._pool: Optional[ProcessPool] = None
     self._finalizer: Optional[weakref.finalize] = None
     self._call_s = 0.0  # slowest recent seconds per call, for chunk sizes
     self._pending = 0  # tasks scheduled and not finished, over all threads
+    self._pending_calls = 0  # the calls of those tasks
 
   @property
   def started(self) -> bool:
@@ -107,7 +118,8 @@ class VerifierPool:
     with self._lock:
       if self._pool is None:
         self._pool = ProcessPool(max_workers=self.workers, initializer=worker.init,
-                                 initargs=(list(sys.path), self.ref, self.preload), context=_context())
+                                 initargs=(list(sys.path), self.ref, self.preload, self.setup),
+                                 context=_context())
         self._finalizer = weakref.finalize(self, _stop, self._pool)
       return self._pool
 
@@ -142,12 +154,20 @@ class VerifierPool:
       future = self._get().schedule(worker.score_chunk, args=(completions, answers), timeout=timeout)
     with self._lock:
       self._pending += 1
-    future.add_done_callback(self._task_done)
+      self._pending_calls += len(completions)
+    future.add_done_callback(lambda _future, calls=len(completions): self._task_done(calls))
     return future
 
-  def _task_done(self, _future) -> None:
+  def _task_done(self, calls: int) -> None:
     with self._lock:
       self._pending -= 1
+      self._pending_calls -= calls
+
+  @property
+  def queued_calls(self) -> int:
+    """Calls scheduled in the pool and not finished (every thread's)."""
+    with self._lock:
+      return self._pending_calls
 
   def chunk_size(self, n: int) -> int:
     size = min(MAX_CHUNK, -(-n // (2 * self.workers)))
@@ -158,6 +178,7 @@ class VerifierPool:
   def score(self, completions: Sequence[str], answers: Sequence[str]) -> PoolResult:
     n = len(completions)
     result = PoolResult(n)
+    result.queued = self.queued_calls + n
     size = self.chunk_size(n)
     chunks = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
     overran = self._run(chunks, completions, answers, result, window=len(chunks))
@@ -181,11 +202,9 @@ class VerifierPool:
       chunk, future = running.popleft()
       error, timed_out = self._wait(future)
       if error is None:
-        values, seconds = future.result()
+        outcomes, seconds = future.result()
         self._call_s = max(seconds / len(chunk), 0.9 * self._call_s)
-        for i, (value, call_error) in zip(chunk, values):
-          result.values[i], result.errors[i] = value, call_error
-          result.succeeded += call_error is None
+        result.put(chunk, outcomes)
         continue
       result.killed_workers += timed_out  # (an overrun says nothing about normal calls: the reruns measure them)
       if error == _STUCK:  # the other tasks of that pool will not answer either
@@ -206,9 +225,7 @@ class VerifierPool:
     for chunk, future in running:
       was_running = future.running()
       if not future.cancel() and future.exception() is None:  # it returned in the meantime
-        values, _ = future.result()
-        for i, (value, call_error) in zip(chunk, values):
-          result.values[i], result.errors[i] = value, call_error
+        result.put(chunk, future.result()[0])
         continue
       result.killed_workers += was_running  # pebble stops the worker of a cancelled running task
       for i in chunk:

@@ -24,6 +24,22 @@ Failures are reported, not only counted:
   - a batch in which every call failed raises RewardError (a UserError: the run stops with its one-line message
     naming the function and quoting the first error) - the verifier is broken, not the policy.
 A function that cannot be called as fn(completion, answer) is refused when the runner is built (ConfigError).
+
+Causes: a function may return a `Scored` (worker.py: a float that carries a short `cause` name, as the code reward
+does); the runner counts the calls per cause. Code rewards (`sandbox=` a SandboxConfig) run in the pool only: every
+worker calls code.configure(sandbox) when it starts, and `start()` first proves a sandbox works here
+(sandbox.Sandbox.check_available: SandboxUnavailable, a UserError saying how to fix it, stops the run before its
+first step).
+
+Metrics (`metrics()`; totals over the run, restored on resume, except the two latest-batch gauges):
+  reward/calls, reward/errors, reward/timeouts, reward/killed_workers, reward/failure_rate
+  reward/cause/<cause>   calls whose verifier returned that cause (only causes seen; code: sandbox.CAUSES and
+                         code.CAUSES)
+  reward/score_s         wall seconds the latest batch took to score
+  reward/queue           calls queued in the pool when the latest batch was scheduled (its own and other
+                         threads'; 0 inline): a pool much smaller than its queue is the bottleneck
+A run with one verifier per task (make_reward_runner with a dict; routing.TaskRewards) reports the same keys
+summed over tasks and, per task, reward/<task>/<key> (for example reward/code/cause/timeout_wall).
 """
 
 from __future__ import annotations
@@ -33,7 +49,8 @@ import importlib
 import inspect
 import logging
 import threading
-from typing import Callable, Optional, Sequence
+import time
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -43,11 +60,14 @@ from scalerl_jax.errors import UserError
 from scalerl_jax.rewards import worker
 from scalerl_jax.rewards.pass_rates import is_success
 from scalerl_jax.rewards.pool import VerifierPool
-from scalerl_jax.rewards.verifiers import PRELOAD, PURE_VERIFIERS, qualified_name
+from scalerl_jax.rewards.routing import TaskRewards
+from scalerl_jax.rewards.verifiers import PRELOAD, PURE_VERIFIERS, SANDBOXED_VERIFIERS, qualified_name
 
 RewardFn = Callable[[str, str], float]
 ISOLATIONS = ("process", "inline")
 MAX_WARNED = 10  # distinct error texts logged; later new texts are counted, not logged
+MAX_CAUSES = 32  # distinct cause names counted; later new names are counted under "other"
+CONFIGURE_SANDBOX = "scalerl_jax.rewards.code:configure"
 
 logger = logging.getLogger("scalerl_jax.rewards")
 
@@ -123,16 +143,21 @@ class RewardRunner:
   workers         worker processes under isolation="process"
   name            how messages name the function (default: its qualified name)
   ref             how workers import it (default: derived from fn; make_reward_runner passes data.reward_fn)
+  sandbox         a SandboxConfig: fn runs programs in the sandbox (isolation "process" only); workers are
+                  configured with it and start() checks that the sandbox works
   """
 
   def __init__(self, fn: RewardFn, timeout_s: float = 5.0, failure_reward: float = 0.0, scale: str = "01", *,
-               isolation: str = "process", workers: int = 2, name: str = "", ref: str = ""):
+               isolation: str = "process", workers: int = 2, name: str = "", ref: str = "", sandbox=None):
     if scale not in ("01", "pm1"):
       raise ValueError(f"data.reward_scale must be 01 or pm1, got {scale!r}")
     if timeout_s <= 0:
       raise ValueError(f"data.reward_timeout_s must be positive, got {timeout_s}")
     if isolation not in ISOLATIONS:
       raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
+    if sandbox is not None and isolation != "process":
+      raise ValueError("a reward that runs programs in the sandbox must run in worker processes (isolation "
+                       f"'process'), not {isolation!r}")
     self.fn = fn
     self.name = name or qualified_name(fn) or repr(fn)
     check_signature(fn, self.name)
@@ -140,10 +165,12 @@ class RewardRunner:
     self.failure_reward = float(failure_reward)
     self.scale = scale
     self.isolation = isolation
+    self.sandbox = sandbox
     self._pool: Optional[VerifierPool] = None
     if isolation == "process":
+      setup = ((CONFIGURE_SANDBOX, (sandbox,)),) if sandbox is not None else ()
       self._pool = VerifierPool(ref or reference_of(fn), workers, self.timeout_s,
-                                PRELOAD.get(qualified_name(fn), ()))
+                                PRELOAD.get(qualified_name(fn), ()), setup)
     self._totals = threading.Lock()
     self.calls = 0
     self.errors = 0  # failed calls that did not time out (raised, bad value, dead worker)
@@ -151,12 +178,20 @@ class RewardRunner:
     self.killed_workers = 0
     self.first_error: Optional[str] = None
     self.last_error: Optional[str] = None  # the latest failing batch's first error
+    self.causes: dict[str, int] = {}
+    self.score_s = 0.0  # the latest batch's wall seconds
+    self.queue = 0  # calls queued in the pool when the latest batch was scheduled
     self._warned: set[str] = set()
     self._capped = False
 
   # --- lifetime -------------------------------------------------------------------------------------------------
   def start(self) -> None:
-    """Starts the worker processes now rather than on the first call (no-op for inline verifiers)."""
+    """Checks the sandbox (a code reward: SandboxUnavailable when it does not work here), then starts the worker
+    processes now rather than on the first call (no-op for inline verifiers)."""
+    if self.sandbox is not None:
+      from scalerl_jax.rewards.sandbox import Sandbox
+
+      Sandbox(self.sandbox).check_available()
     if self._pool is not None:
       self._pool.start()
 
@@ -179,20 +214,24 @@ class RewardRunner:
       raise ValueError(f"{n} completions but {len(answers)} answers")
     if n == 0:
       return RewardBatch(np.zeros(0, np.float32), np.zeros(0, bool), np.zeros(0, bool), None)
+    t0 = time.perf_counter()
     if self._pool is None:
       out = [worker.call(self.fn, c, a) for c, a in zip(completions, answers)]
-      values = np.array([v for v, _ in out], np.float64)
-      errors = [e for _, e in out]
-      timed_out, killed = np.zeros(n, bool), 0
+      values = np.array([v for v, _, _ in out], np.float64)
+      errors, causes = [e for _, e, _ in out], [c for _, _, c in out]
+      timed_out, killed, queued = np.zeros(n, bool), 0, 0
     else:
       result = self._pool.score(list(completions), list(answers))
       values, errors, timed_out, killed = result.values, result.errors, result.timed_out, result.killed_workers
+      causes, queued = result.causes, result.queued
     ok = np.array([e is None for e in errors])
     raw = np.where(ok, values, 0.0)
     scaled = raw if self.scale == "01" else 2.0 * raw - 1.0
     rewards = np.where(ok, scaled, self.failure_reward).astype(np.float32)
     first = next((e for e in errors if e is not None), None)
     self._record(n, ok, timed_out, killed, errors, first)
+    self._record_causes([c for c, e in zip(causes, errors) if e is None and c is not None],
+                        time.perf_counter() - t0, queued)
     if not ok.any():
       raise RewardError(f"reward function {self.name} failed on every one of the {n} calls of a batch; "
                         f"first error: {first}")
@@ -222,6 +261,14 @@ class RewardRunner:
       logger.warning("reward function %s failed: %s (%d of %d calls failed so far)", self.name, text, failed, calls)
     if too_many:
       logger.warning("reward function %s: further distinct error texts are counted, not logged", self.name)
+
+  def _record_causes(self, causes: list[str], seconds: float, queued: int) -> None:
+    with self._totals:
+      self.score_s, self.queue = seconds, queued
+      for cause in causes:
+        if cause not in self.causes and len(self.causes) >= MAX_CAUSES:
+          cause = "other"
+        self.causes[cause] = self.causes.get(cause, 0) + 1
 
   def score(self, completions: Sequence[str], answers: Sequence[str]) -> tuple[np.ndarray, int]:
     """Rewards float32[n] on the configured scale, and how many calls failed (raised, bad value or timed out)."""
@@ -254,33 +301,51 @@ class RewardRunner:
     """The totals, JSON-able (a checkpoint keeps them so the run's counters continue across a resume)."""
     with self._totals:
       return {"calls": self.calls, "errors": self.errors, "timeouts": self.timeouts,
-              "killed_workers": self.killed_workers, "first_error": self.first_error}
+              "killed_workers": self.killed_workers, "first_error": self.first_error, "causes": dict(self.causes)}
 
   def load_state(self, state: dict) -> None:
     with self._totals:
       self.calls, self.errors, self.timeouts = int(state["calls"]), int(state["errors"]), int(state["timeouts"])
       self.killed_workers, self.first_error = int(state["killed_workers"]), state.get("first_error")
+      self.causes = {str(k): int(v) for k, v in state.get("causes", {}).items()}  # absent before causes existed
 
   def metrics(self) -> dict[str, float]:
-    """Totals over the run (restored on resume); error texts are in `first_error` / `last_error`."""
+    """See the module docstring (keys); error texts are in `first_error` / `last_error`."""
     with self._totals:
       failed = self.errors + self.timeouts
       return {"reward/calls": self.calls, "reward/errors": self.errors, "reward/timeouts": self.timeouts,
               "reward/killed_workers": self.killed_workers,
-              "reward/failure_rate": failed / self.calls if self.calls else 0.0}
+              "reward/failure_rate": failed / self.calls if self.calls else 0.0,
+              "reward/score_s": self.score_s, "reward/queue": self.queue,
+              **{f"reward/cause/{cause}": count for cause, count in sorted(self.causes.items())}}
 
 
-def make_reward_runner(cfg, task_reward: RewardFn) -> RewardRunner:
-  """From a DataConfig: `data.reward_fn` (dotted path) if set, else the task's own verifier. Pure built-in
-  verifiers run inline; anything else in `data.reward_workers` worker processes."""
+def make_reward_runner(cfg, task_reward: RewardFn | Mapping[str, RewardFn], *,
+                       sandbox=None) -> RewardRunner | TaskRewards:
+  """From a DataConfig and the task's verifier: one function (a RewardRunner), or a dict {task name: function}
+  (a TaskRewards: each group is scored by the function of its prompt's task). `data.reward_fn` (dotted path), if
+  set, replaces them all: one function for every task. Pure built-in verifiers run inline; anything else in
+  `data.reward_workers` worker processes (per task). A code verifier (the "code" task's function, or one named in
+  verifiers.SANDBOXED_VERIFIERS) runs programs in the sandbox: pass `sandbox` (the run's SandboxConfig,
+  cfg.sandbox); its workers are configured with it, and start() checks that the sandbox works."""
   if cfg.reward_fn:
-    fn, name, ref = load_reward_fn(cfg.reward_fn), cfg.reward_fn, cfg.reward_fn
-  else:
-    fn, name, ref = task_reward, "", ""
-  isolation = "inline" if qualified_name(fn) in PURE_VERIFIERS else "process"
+    return _runner(cfg, load_reward_fn(cfg.reward_fn), "", sandbox, name=cfg.reward_fn, ref=cfg.reward_fn)
+  if isinstance(task_reward, Mapping):
+    if not task_reward:
+      raise ValueError("make_reward_runner: the dict of reward functions per task is empty")
+    return TaskRewards({task: _runner(cfg, fn, task, sandbox) for task, fn in task_reward.items()})
+  return _runner(cfg, task_reward, "", sandbox)
+
+
+def _runner(cfg, fn: RewardFn, task: str, sandbox, name: str = "", ref: str = "") -> RewardRunner:
+  sandboxed = task == "code" or qualified_name(fn) in SANDBOXED_VERIFIERS
+  if sandboxed and sandbox is None:
+    raise ValueError(f"make_reward_runner: {name or qualified_name(fn) or repr(fn)} runs programs in the sandbox: "
+                     "pass sandbox=cfg.sandbox")
+  isolation = "inline" if qualified_name(fn) in PURE_VERIFIERS and not sandboxed else "process"
   failure = cfg.failure_reward if cfg.failure_reward is not None else lowest_reward(cfg.reward_scale)
   return RewardRunner(fn, cfg.reward_timeout_s, failure, cfg.reward_scale, isolation=isolation,
-                      workers=cfg.reward_workers, name=name, ref=ref)
+                      workers=cfg.reward_workers, name=name, ref=ref, sandbox=sandbox if sandboxed else None)
 
 
 def lowest_reward(scale: str) -> float:

@@ -24,6 +24,12 @@ PURE_VERIFIERS = frozenset({
     "scalerl_jax.data.tasks.AdditionTask.reward",
     "scalerl_jax.data.tasks.CountdownTask.reward",
 })
+# Run the model's programs: always in worker processes, each run inside the sandbox (code.py, sandbox.py); the
+# runner configures their workers with the run's SandboxConfig and checks the sandbox before the first step.
+SANDBOXED_VERIFIERS = frozenset({
+    "scalerl_jax.rewards.code.code_reward",
+    "scalerl_jax.data.tasks.code_reward",  # the built-in code task's verifier (it calls the one above)
+})
 # Modules a reward worker imports when it starts, so the first call after a worker was replaced is not slow.
 PRELOAD = {
     "scalerl_jax.rewards.verifiers.math_verify_reward": ("math_verify",),

@@ -12,11 +12,13 @@ What a worker does at start (`init`):
     worker stuck in a hanging call never outlives a trainer that was killed (see _die_with_the_forkserver);
   - the trainer's sys.path (sent explicitly) is put in front of its own, so any dotted path that imports in the
     trainer imports here (multiprocessing also copies sys.path, but only for the modules it imports itself);
-  - it imports `preload` (e.g. math_verify) and resolves the reward function from its reference
+  - it imports `preload` (e.g. math_verify), calls each `setup` function (by reference, with its arguments: e.g.
+    the code reward's `configure(sandbox config)`) and resolves the reward function from its reference
     'package.module:qual.name'. A failure there is kept as text and every call of this worker reports it (an
     initializer that raised would make pebble restart the worker forever).
-What comes back per call is small by construction: a float, or a float and an error text of at most MAX_TEXT
-characters (a returned object is never sent back, only a bounded repr of it in the error).
+What comes back per call is small by construction: (value, error text or None, cause or None), the text at most
+MAX_TEXT characters (a returned object is never sent back, only a bounded repr of it in the error), the cause a
+short name (a verifier that returns a `Scored` says why it scored what it did; see `check`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import re
 import reprlib
 import signal
 import sys
@@ -31,6 +34,7 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 MAX_TEXT = 300  # characters of an error text
+CAUSE = re.compile(r"[a-z][a-z0-9_]{0,31}")  # what a cause may be: a short lowercase name (a metric key's tail)
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 60
 
@@ -62,25 +66,51 @@ def error_text(exc: BaseException) -> str:
   return _short(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
 
 
-def check(raw: Any) -> tuple[float, Optional[str]]:
-  """A reward function's return value -> (float, None), or (nan, why it is not a score)."""
+class Scored(float):
+  """A score that says why: the float is the score, `cause` a short lowercase name (e.g. the code reward's "ok",
+  "timeout_wall", "no_program"), counted by the runner per cause (RewardRunner.metrics: reward/cause/<cause>)."""
+
+  def __new__(cls, value: float, cause: str):
+    self = super().__new__(cls, value)
+    self.cause = cause
+    return self
+
+  def __reduce__(self):
+    return Scored, (float(self), self.cause)
+
+  def __repr__(self) -> str:
+    return f"Scored({float(self)!r}, {self.cause!r})"
+
+
+Outcome = tuple[float, Optional[str], Optional[str]]  # (value or nan, error text or None, cause or None)
+
+
+def check(raw: Any) -> Outcome:
+  """A reward function's return value -> (float, None, cause or None), or (nan, why it is not a score, None)."""
   np = sys.modules.get("numpy")  # a numpy scalar can only exist if numpy is imported
+  cause = None
+  if isinstance(raw, Scored):
+    cause = raw.cause
+    if not (isinstance(cause, str) and CAUSE.fullmatch(cause)):
+      return math.nan, _short(f"returned a Scored whose cause {_repr.repr(cause)} is not a short lowercase name "
+                              "(letters, digits, _; at most 32)"), None
   if isinstance(raw, (bool, int, float)) or (np is not None and isinstance(raw, (np.number, np.bool_))):
     value = float(raw)
     if math.isfinite(value):
-      return value, None
-    return math.nan, _short(f"returned {_repr.repr(raw)}, not a finite number")
-  return math.nan, _short(f"returned {_repr.repr(raw)}, not a number")
+      return value, None, cause
+    return math.nan, _short(f"returned {_repr.repr(raw)}, not a finite number"), None
+  return math.nan, _short(f"returned {_repr.repr(raw)}, not a number"), None
 
 
 def call(fn: Callable[[str, str], Any], completion: str, answer: str,
-         catch: type[BaseException] = Exception) -> tuple[float, Optional[str]]:
-  """One scored call: (value, None) or (nan, error text). Workers catch BaseException (a verifier's sys.exit is a
-  failed call, not a dead worker); the inline path only Exception (Ctrl-C must still reach the trainer)."""
+         catch: type[BaseException] = Exception) -> Outcome:
+  """One scored call: (value, None, cause) or (nan, error text, None). Workers catch BaseException (a verifier's
+  sys.exit is a failed call, not a dead worker); the inline path only Exception (Ctrl-C must still reach the
+  trainer)."""
   try:
     return check(fn(completion, answer))
   except catch as exc:
-    return math.nan, error_text(exc)
+    return math.nan, error_text(exc), None
 
 
 def _silence_output() -> None:
@@ -122,7 +152,8 @@ def _die_with_the_forkserver() -> None:
     os._exit(1)
 
 
-def init(sys_path: Sequence[str], ref: str, preload: Sequence[str] = ()) -> None:
+def init(sys_path: Sequence[str], ref: str, preload: Sequence[str] = (),
+         setup: Sequence[tuple[str, tuple]] = ()) -> None:
   """pebble's initializer: runs once in each new worker. Never raises (see the module docstring)."""
   global _fn, _init_error
   try:
@@ -134,6 +165,8 @@ def init(sys_path: Sequence[str], ref: str, preload: Sequence[str] = ()) -> None
         importlib.import_module(name)
       except Exception:
         pass  # the first call reports the problem with its own text
+    for setup_ref, args in setup:
+      resolve(setup_ref)(*args)
     _fn = resolve(ref)
     if not callable(_fn):
       _fn, _init_error = None, _short(f"{ref} is not callable in the worker")
@@ -141,11 +174,12 @@ def init(sys_path: Sequence[str], ref: str, preload: Sequence[str] = ()) -> None
     _fn, _init_error = None, _short(f"cannot load {ref} in a reward worker: {error_text(exc)}")
 
 
-def score_chunk(completions: Sequence[str], answers: Sequence[str]) -> tuple[list[tuple[float, Optional[str]]], float]:
-  """pebble's task: every call of a chunk in order -> ([(value, error or None)], seconds the chunk took)."""
+def score_chunk(completions: Sequence[str], answers: Sequence[str]) -> tuple[list[Outcome], float]:
+  """pebble's task: every call of a chunk in order -> ([(value, error or None, cause or None)], seconds the chunk
+  took)."""
   t0 = time.perf_counter()
   if _fn is None:
-    return [(math.nan, _init_error)] * len(completions), 0.0
+    return [(math.nan, _init_error, None)] * len(completions), 0.0
   out = [call(_fn, c, a, BaseException) for c, a in zip(completions, answers)]
   return out, time.perf_counter() - t0
 
