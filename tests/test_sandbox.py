@@ -1,0 +1,389 @@
+"""The code reward's sandbox (rewards/sandbox.py, rewards/code.py): every escape attempt is contained, scored as a
+failure and counted by cause, and scoring goes on.
+
+Each escape test proves that the attempt would succeed without the sandbox: the same program runs unsandboxed (the
+same interpreter, in a throwaway temporary directory) where that is safe, else the test asserts on what only the
+sandbox can cause (a fork refused below max_procs as root, EFBIG on stdout, SIGXCPU). Skipped, with bubblewrap's
+own message, only where bubblewrap cannot build a sandbox on this machine (CI installs it: .ci/run).
+
+No test depends on speed: limits that should not trigger are far away (wall_s 30 s for programs that take
+milliseconds), a sleeping program sleeps 1000 s against a 1 s wall limit, a loop spins against 1 CPU second.
+"""
+
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from scalerl_jax import types
+from scalerl_jax.config import ConfigError, DataConfig
+from scalerl_jax.config.schema import SandboxConfig
+from scalerl_jax.rewards import RewardRunner, code, exact_match_reward, make_reward_runner, sandbox as sb
+from scalerl_jax.rewards.code import code_reward
+from scalerl_jax.rewards.sandbox import Sandbox, SandboxUnavailable
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+LIMITS = SandboxConfig(cpu_s=1.0, wall_s=30.0, memory_mb=256, max_procs=16, file_kb=256, output_kb=16, tmp_mb=4)
+F = "```"
+
+
+@pytest.fixture(scope="module")
+def box() -> Sandbox:
+  sandbox = Sandbox(LIMITS)
+  try:
+    sandbox.check_available()
+  except SandboxUnavailable as exc:
+    pytest.skip(f"bubblewrap cannot build a sandbox on this machine: {exc}")
+  return sandbox
+
+
+@pytest.fixture
+def configured(box):
+  """code_reward in this process uses LIMITS (the workers get theirs from RewardRunner's sandbox=)."""
+  code.configure(LIMITS)
+  yield
+  code._sandbox = None
+
+
+def unsandboxed(program: str, cwd: pathlib.Path, stdin: str = "") -> subprocess.CompletedProcess:
+  """The same program, same interpreter and flags, without the sandbox: the proof that an attempt would work."""
+  (cwd / "main.py").write_text(program)
+  return subprocess.run([LIMITS.python, "-I", "-B", str(cwd / "main.py")], input=stdin, capture_output=True,
+                        text=True, cwd=cwd, timeout=60)
+
+
+def fenced(program: str) -> str:
+  return f"Some thinking.\n{F}python\n{program}\n{F}\n"
+
+
+def stdio(*pairs) -> str:
+  return json.dumps({"stdio": [list(p) for p in pairs]})
+
+
+# --- correct and incorrect programs ----------------------------------------------------------------------------
+
+def test_correct_and_incorrect_programs_score_as_expected(configured):
+  double = stdio(["3\n", "6\n"], ["21\n", "42"])
+  right = code_reward(fenced("print(int(input()) * 2)"), double)
+  assert right == 1.0 and right.cause == "ok"
+  assert code_reward(fenced("print(int(input()) * 2 + 1)"), double).cause == "wrong_answer"
+  # trailing whitespace per line and trailing empty lines do not count; inner differences do
+  assert code_reward(fenced("print(6, '  ')\nprint()\nprint()"), stdio(["", "6\n"])) == 1.0
+  assert code_reward(fenced("print(' 6')"), stdio(["", "6"])) == 0.0
+  # the last Python block wins; a block of another language is not a program
+  two = f"{F}python\nprint(1)\n{F}\nthen\n{F}py\nprint(2)\n{F}\n{F}text\nprint(3)\n{F}"
+  assert code_reward(two, stdio(["", "2"])) == 1.0
+  # no fence: the text after the last marker, up to '$'
+  assert code_reward("a | b |print(5)$print(6)", stdio(["", "5"])) == 1.0
+  for nothing in ("no program here", f"{F}python\n   \n{F}", "ends with a marker |", f"{F}python\nprint(1)"):
+    result = code_reward(nothing, stdio(["", "1"]))
+    assert result == 0.0 and result.cause == "no_program"
+  # asserts, with a HumanEval-style starter prepended as it is
+  starter = json.dumps({"starter": "def f(x):return ", "asserts": ["assert f(2) == 7", "assert f(10) == 31"]})
+  assert code_reward("3 | 3*x+1$", starter) == 1.0
+  wrong = code_reward("3 | 3*x+2$", starter)
+  assert wrong == 0.0 and wrong.cause == "wrong_answer"
+  crash = code_reward("3 | 1/0$", starter)
+  assert crash == 0.0 and crash.cause == "nonzero_exit"
+
+
+def test_right_output_with_a_nonzero_exit_fails(configured, tmp_path):
+  """Documented in code.py: the output is right, the exit status is not; scored as a failure."""
+  program = "print(42)\nraise SystemExit(3)"
+  plain = unsandboxed(program, tmp_path)
+  assert plain.stdout == "42\n" and plain.returncode == 3
+  result = code_reward(fenced(program), stdio(["", "42"]))
+  assert result == 0.0 and result.cause == "nonzero_exit"
+
+
+def test_an_exit_before_the_asserts_cannot_pass(configured):
+  tests = json.dumps({"asserts": ["assert f(1) == 2"]})
+  assert code_reward(fenced("def f(x): return 2 * x"), tests) == 1.0
+  for trick in ("import os; os._exit(0)", "import sys; sys.exit(0)", "import builtins; builtins.exec = print"):
+    result = code_reward(fenced(f"def f(x): return 0\n{trick}"), tests)
+    assert result == 0.0 and result.cause in ("exited_early", "wrong_answer"), (trick, result)
+
+
+def test_partial_credit(box):
+  code.configure(dataclasses.replace(LIMITS, partial_credit=True))
+  try:
+    tests = json.dumps({"stdio": [["1", "1"], ["2", "4"]], "asserts": ["assert sq(3) == 9", "assert sq(4) == 15"]})
+    # (in an assert test the harness has read stdin's only line, its token: the loop reads nothing)
+    result = code_reward(fenced("import sys\nsq = lambda x: x * x\nfor line in sys.stdin: print(sq(int(line)))"),
+                         tests)
+    assert result == 0.75 and result.cause == "wrong_answer"
+  finally:
+    code._sandbox = None
+  assert code_reward(fenced("sq = lambda x: x * x"), json.dumps({"asserts": ["assert sq(3) == 9",
+                                                                             "assert sq(4) == 15"]})) == 0.0
+
+
+def test_malformed_tests_raise_naming_the_key(configured):
+  for answer, key in [("not json", "not JSON"), ("[1]", "JSON object"), ('{"stdin": []}', "'stdin'"),
+                      ('{"stdio": [["a"]]}', "'stdio'"), ('{"asserts": [1]}', "'asserts'"), ("{}", "no tests")]:
+    with pytest.raises(ValueError, match=key):
+      code_reward(fenced("print(1)"), answer)
+
+
+# --- escapes: each contained, each a failure with its cause ------------------------------------------------------
+
+def test_files_outside_the_sandbox_cannot_be_read(box, tmp_path):
+  readme = ROOT / "README.md"
+  targets = [str(readme)] + [p for p in ("/etc/hostname", "/etc/passwd") if os.path.exists(p)]
+  program = "import sys\nfor path in sys.argv[1:] or %r:\n  print(open(path).read()[:40])" % (targets,)
+  plain = unsandboxed(program, tmp_path)
+  assert plain.returncode == 0 and readme.read_text()[:40] in plain.stdout  # readable without the sandbox
+  result = box.run(program)
+  assert result.cause == "nonzero_exit" and "FileNotFoundError" in result.stderr and not result.stdout
+  listing = box.run("import os; print(sorted(os.listdir('/')), os.path.exists(%r), os.path.exists('/etc'))"
+                    % str(ROOT))
+  assert listing.ok and listing.stdout.split("] ")[1].split() == ["False", "False"], listing
+
+
+def test_writes_outside_its_tmp_are_refused(box, tmp_path):
+  target = tmp_path / "escaped.txt"
+  host_tmp = pathlib.Path("/tmp") / f"scalerl-sandbox-probe-{os.getpid()}"
+  program = (f"import pathlib\npathlib.Path({str(target)!r}).write_text('out')\n")
+  plain = unsandboxed(program, tmp_path)
+  assert plain.returncode == 0 and target.read_text() == "out"  # without the sandbox the write lands
+  target.unlink()
+  result = box.run(program)
+  assert result.cause == "nonzero_exit" and not target.exists()
+  for path in ("/escaped", "/usr/escaped", "/dev/escaped", "/proc/escaped"):
+    assert not box.run(f"open({path!r}, 'w').write('x')").ok, path
+  # its /tmp is private (the host's /tmp never sees the file) and bounded (tmp_mb = 4: 8 MiB do not fit)
+  assert box.run(f"open({str(host_tmp)!r}, 'w').write('x'); print(open({str(host_tmp)!r}).read())").stdout == "x\n"
+  assert not host_tmp.exists()
+  full = box.run("for i in range(32): open(f'/tmp/big{i}', 'wb').write(b'x' * 200 * 1024)")  # files < file_kb
+  assert full.cause == "nonzero_exit" and "No space left" in full.stderr
+
+
+CONNECT_SOCKET = "import socket, sys\nsocket.create_connection(('127.0.0.1', int(sys.argv[1] if len(sys.argv) > 1 " \
+                 "else {port})), timeout=5).close()\nprint('connected')"
+CONNECT_CTYPES = """import ctypes, socket, struct
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.socket(socket.AF_INET, socket.SOCK_STREAM, 0)
+addr = struct.pack('=HH4s8x', socket.AF_INET, socket.htons({port}), socket.inet_aton('127.0.0.1'))
+if libc.connect(fd, ctypes.c_char_p(addr), len(addr)) != 0:
+  raise OSError(ctypes.get_errno(), 'connect failed')
+print('connected')"""
+CONNECT_CURL = "import os, sys\ncode = os.system('curl -s -o /dev/null --max-time 1 http://127.0.0.1:{port}/')\n" \
+               "sys.exit(0 if os.WEXITSTATUS(code) in (0, 28, 52) else 1)  # 28: timed out after connecting"
+
+
+def _pending_connection(listener: socket.socket) -> bool:
+  """Whether a connection waits to be accepted (the handshake completes in the kernel before connect returns,
+  so after the program has exited this does not depend on timing)."""
+  try:
+    conn, _ = listener.accept()
+  except BlockingIOError:
+    return False
+  conn.close()
+  return True
+
+
+@pytest.mark.parametrize("attempt", ["socket", "ctypes", "curl"])
+def test_the_network_is_unreachable(box, tmp_path, attempt):
+  if attempt == "curl" and not shutil.which("curl"):
+    pytest.skip("curl is not installed here")
+  with socket.socket() as listener:
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    program = {"socket": CONNECT_SOCKET, "ctypes": CONNECT_CTYPES, "curl": CONNECT_CURL}[attempt].format(port=port)
+    plain = unsandboxed(program, tmp_path)
+    assert plain.returncode == 0 and _pending_connection(listener), plain.stderr  # it connects without the sandbox
+    result = box.run(program)
+    assert result.cause == "nonzero_exit" and not _pending_connection(listener), result
+
+
+def test_fork_bombs_are_bounded(box, tmp_path):
+  cap = LIMITS.max_procs + 5
+  program = ("import os, signal, time\npids = []\ntry:\n  while len(pids) < %d:\n    pid = os.fork()\n"
+             "    if pid == 0:\n      time.sleep(1000)\n    pids.append(pid)\nexcept BlockingIOError:\n  pass\n"
+             "print(len(pids))\nfor pid in pids: os.kill(pid, signal.SIGKILL)" % cap)
+  assert unsandboxed(program, tmp_path).stdout == f"{cap}\n"  # without the sandbox nothing refuses the forks
+  counted = box.run(program)
+  assert counted.ok and 0 < int(counted.stdout) < LIMITS.max_procs  # refused below max_procs (bwrap's two count)
+  bomb = Sandbox(dataclasses.replace(LIMITS, wall_s=2.0)).run(
+      "import os\nwhile True:\n  try:\n    os.fork()\n  except OSError:\n    pass")
+  assert bomb.cause in ("cpu_limit", "timeout_wall"), bomb
+  assert box.run("print('after')").stdout == "after\n"
+  assert not _sandbox_processes()  # run() returns once the PID namespace is gone
+
+
+def _sandbox_processes() -> list[int]:
+  """Processes of this process's sandbox uid still alive (root only; [] otherwise)."""
+  if os.geteuid() != 0:
+    return []
+  uid = sb.UID_BASE + os.getpid()
+  found = []
+  for entry in os.scandir("/proc"):
+    if entry.name.isdigit():
+      try:
+        if entry.stat().st_uid == uid:
+          found.append(int(entry.name))
+      except OSError:
+        pass
+  return found
+
+
+def test_allocating_past_the_memory_limit_fails(box, tmp_path):
+  program = f"x = bytearray({2 * LIMITS.memory_mb} * 2**20)\nprint('allocated', len(x) >> 20)"
+  assert unsandboxed(program, tmp_path).stdout == f"allocated {2 * LIMITS.memory_mb}\n"
+  result = box.run(program)
+  assert result.cause == "memory" and "MemoryError" in result.stderr
+
+
+def test_an_infinite_loop_hits_the_cpu_limit(box):
+  result = box.run("while True: pass")
+  assert result.cause == "cpu_limit" and result.exit_code == 128 + 24  # SIGXCPU: only RLIMIT_CPU sends it
+  stubborn = box.run("import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True: pass")
+  assert stubborn.cause == "cpu_limit" and stubborn.exit_code == 128 + 9  # the hard limit's SIGKILL
+
+
+def test_sleeping_past_the_wall_limit_is_killed_with_its_whole_tree(tmp_path):
+  marker = f"scalerl-sandbox-sleeper-{os.getpid()}"
+  quick = Sandbox(dataclasses.replace(LIMITS, wall_s=1.0))
+  program = ("import signal, subprocess, sys, time\n"
+             f"subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, "
+             f"signal.SIG_IGN); time.sleep(1000)  # {marker}'], start_new_session=True)\n"
+             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(1000)")
+  try:
+    quick.check_available()
+  except SandboxUnavailable as exc:
+    pytest.skip(str(exc))
+  result = quick.run(program)
+  assert result.cause == "timeout_wall" and result.exit_code is None
+  assert not [p for p in _cmdlines() if marker in p]  # the detached grandchild died with the PID namespace
+  assert quick.run("print('next')").ok
+
+
+def _cmdlines() -> list[str]:
+  out = []
+  for entry in os.scandir("/proc"):
+    if entry.name.isdigit():
+      try:
+        out.append(pathlib.Path(entry.path, "cmdline").read_bytes().decode(errors="replace"))
+      except OSError:
+        pass
+  return out
+
+
+def test_printing_gigabytes_is_capped(box):
+  result = box.run("import sys\nfor _ in range(2**14): sys.stdout.write('x' * 2**16)")  # 1 GiB
+  assert result.cause == "output_limit" and len(result.stdout) == LIMITS.output_kb * 1024
+  assert "File too large" in result.stderr  # EFBIG: only RLIMIT_FSIZE refuses a write to a regular file
+  chatty = box.run("print('y' * (2 * 16 * 1024))")  # within file_kb, past output_kb: cannot be compared whole
+  assert chatty.cause == "output_limit" and chatty.exit_code == 0
+
+
+def test_killing_its_parent_is_contained(box, tmp_path):
+  program = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('parent was', os.getppid())"
+  (tmp_path / "main.py").write_text(program)
+  plain = subprocess.run(["sh", "-c", f"{LIMITS.python} -I {tmp_path / 'main.py'}; echo parent-alive"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=60)
+  assert plain.returncode == -9 and "parent-alive" not in plain.stdout  # without the sandbox the parent dies
+  result = box.run(program)
+  assert result.ok and result.stdout == "parent was 1\n"  # its parent is the sandbox's PID 1, which ignores it
+  assert box.run("print('next')").ok
+
+
+# --- through the reward pool: isolation "process", per-task dispatch, counted by cause ---------------------------
+
+ESCAPES = {
+    "read": ("print(open('/etc/hostname').read())", "nonzero_exit"),
+    "write": (f"open({str(ROOT / 'escaped.txt')!r}, 'w').write('x')", "nonzero_exit"),
+    "network": (CONNECT_SOCKET.format(port=22), "nonzero_exit"),
+    "memory": ("x = bytearray(1 << 30)", "memory"),
+    "loop": ("while True: pass", "cpu_limit"),
+    "print": ("import sys\nwhile True: sys.stdout.write('x' * 65536)", "output_limit"),
+    "segfault": ("import ctypes; ctypes.string_at(0)", "killed"),
+    "forks": ("import os, time\nwhile True:\n  if os.fork() == 0: time.sleep(1000)", "procs"),
+}
+
+
+def _group(task: str, answer: str, indices: list[int]) -> types.RolloutGroup:
+  prompt = types.Prompt(f"{task}-{indices[0]}", "p", answer, np.zeros(1, np.int32), task)
+  samples = tuple(types.Sample(prompt.prompt_id, prompt.tokens, np.array([i], np.int32), np.zeros(1, np.float32),
+                               np.zeros(1, np.int32), np.zeros(1, bool), False, False) for i in indices)
+  return types.RolloutGroup(prompt, samples)
+
+
+def test_escapes_through_the_pool_are_scored_counted_and_the_run_goes_on(box):
+  answer = stdio(["", "ok"])
+  texts = [fenced(program) for program, _ in ESCAPES.values()] + [fenced("print('ok')"), "no program", "so|7"]
+  n = len(ESCAPES)
+  groups = [_group("code", answer, list(range(n))), _group("code", answer, [n, n + 1]), _group("math", "7", [n + 2])]
+  cfg = DataConfig(reward_workers=2, reward_timeout_s=60.0)
+  with pytest.raises(ValueError, match="sandbox=cfg.sandbox"):
+    make_reward_runner(cfg, {"math": exact_match_reward, "code": code_reward})
+  rewards = make_reward_runner(cfg, {"math": exact_match_reward, "code": code_reward}, sandbox=LIMITS)
+  assert rewards.runners["code"].isolation == "process" and rewards.runners["math"].isolation == "inline"
+  with rewards:
+    rewards.start()  # checks the sandbox, then starts the code workers
+    scored = rewards.score_groups(groups, lambda tokens: texts[int(tokens[0])])
+    np.testing.assert_array_equal(scored[0].rewards, np.zeros(n, np.float32))
+    np.testing.assert_array_equal(scored[1].rewards, np.float32([1, 0]))
+    np.testing.assert_array_equal(scored[2].rewards, np.float32([1]))
+    metrics = rewards.metrics()
+    expected = {}
+    for _, cause in ESCAPES.values():
+      expected[cause] = expected.get(cause, 0) + 1
+    expected["ok"], expected["no_program"] = 1, 1
+    assert {k[len("reward/code/cause/"):]: v for k, v in metrics.items()
+            if k.startswith("reward/code/cause/")} == expected
+    assert metrics["reward/calls"] == n + 3 and metrics["reward/code/calls"] == n + 2
+    assert metrics["reward/errors"] == metrics["reward/timeouts"] == 0
+    assert metrics["reward/code/queue"] == n + 2 and metrics["reward/code/score_s"] > 0
+    assert not (ROOT / "escaped.txt").exists()
+    with pytest.raises(ConfigError, match="task 'poetry'.*code, math"):
+      rewards.score_groups([_group("poetry", answer, [n])], lambda tokens: texts[int(tokens[0])])
+    state = rewards.state()
+  resumed = make_reward_runner(cfg, {"math": exact_match_reward, "code": code_reward}, sandbox=LIMITS)
+  resumed.load_state(json.loads(json.dumps(state)))
+  assert resumed.metrics()["reward/code/cause/ok"] == 1
+
+
+def test_the_pool_keeps_scoring_after_a_worker_is_killed(box):
+  """A program that outlives data.reward_timeout_s (its own wall limit is longer) gets its worker killed by the
+  pool; bubblewrap dies with the worker (--die-with-parent) and the next batch runs on a fresh worker."""
+  marker = f"scalerl-sandbox-orphan-{os.getpid()}"
+  slow = dataclasses.replace(LIMITS, wall_s=1000.0, cpu_s=1000.0)
+  program = ("import subprocess, sys, time\n"
+             f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1000)  # {marker}'])\n"
+             "time.sleep(1000)")
+  answer = stdio(["", "ok"])
+  with RewardRunner(code_reward, timeout_s=2.0, workers=2, sandbox=slow) as runner:
+    batch = runner.score_batch([fenced(program), fenced("print('ok')")], [answer, answer])
+    assert batch.timed_out.tolist() == [True, False] and batch.rewards.tolist() == [0.0, 1.0]
+    assert runner.metrics()["reward/killed_workers"] >= 1
+    again = runner.score_batch([fenced("print('ok')")] * 4, [answer] * 4)
+    assert again.rewards.tolist() == [1.0] * 4 and runner.metrics()["reward/cause/ok"] == 5
+  checks = 0
+  while [p for p in _cmdlines() if marker in p]:  # SIGKILL by --die-with-parent reaches it asynchronously
+    checks += 1
+    assert checks < 600, "a sandboxed program outlived its killed worker by 30 s"
+    time.sleep(0.05)
+
+
+def test_an_unusable_sandbox_refuses_to_start(box, monkeypatch):
+  with pytest.raises(SandboxUnavailable, match="sandbox.python"):
+    Sandbox(dataclasses.replace(LIMITS, python="/nonexistent/python3")).check_available()
+  monkeypatch.setattr(sb.shutil, "which", lambda *a, **k: None)
+  with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+    box.run("print(1)")
+  runner = RewardRunner(code_reward, timeout_s=5.0, workers=1, sandbox=LIMITS)
+  with pytest.raises(SandboxUnavailable, match="never run programs unsandboxed"):
+    runner.start()
+  assert not runner._pool.started
+  with pytest.raises(ValueError, match="worker processes"):
+    RewardRunner(code_reward, isolation="inline", sandbox=LIMITS)
