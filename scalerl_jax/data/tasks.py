@@ -35,7 +35,7 @@ EOS):
     target. The reference chain uses every number once, keeps every intermediate positive, and never divides by 1.
   code (knob `code_digits` = d): write f(x) = a*x + b (a in 1..9, b in [0, 10^d)) from its values at 0 and 1.
     The work is the slope f(1) - f(0), then '|', then the function body as a Python expression in x; the program
-    run is "def f(x):return " + that expression, against assert tests at x = 2, 3, 7 and 10 in the sandbox
+    run is "def f(x):return " + that expression, against one assert test of x = 2, 3, 7 and 10 in the sandbox
     (rewards/code.py; any correct expression passes, "x*3+52" as well as "3*x+52").
         prompt "52,55:"   completion "3|3*x+52$"   answer {"starter": "def f(x):return ", "asserts": [...]}
   mixed: the addition and code tasks in one pool (rows tagged math / code; data.code_fraction, data.task_mix),
@@ -249,7 +249,9 @@ class CodeTask(_BuiltinTask):
 
   def _answer(self, p: tuple[int, int]) -> str:
     a, b = p
-    return json.dumps({"starter": self.STARTER, "asserts": [f"assert f({x})=={a * x + b}" for x in self.TEST_INPUTS]})
+    # one test (one sandboxed run) checking every input: the task needs no partial credit, and a run costs ~50 ms
+    values = [a * x + b for x in self.TEST_INPUTS]
+    return json.dumps({"starter": self.STARTER, "asserts": [f"assert [f(x) for x in {self.TEST_INPUTS}]=={values}"]})
 
   def _solution(self, p: tuple[int, int]) -> str:
     a, b = p

@@ -96,7 +96,7 @@ class RLJob:
                                                 process_index=jax.process_index(),
                                                 process_count=jax.process_count()), npr,
                              max_lag=AdmissionPolicy.from_config(cfg.pipeline.mode, cfg.pipeline.max_lag).k)
-    self.rewards = make_reward_runner(d, self.task.reward)
+    self.rewards = make_reward_runner(d, self.task.reward, sandbox=cfg.sandbox)
     it = r.interruption
     self.engine = Engine(self.policy, r, self.generator_layout.mesh, rules=self.generator_layout.rules,
                          stop_ids=list(self.tokenizer.eos_ids), phrase_ids=self.tokenizer.encode(it.phrase),
