@@ -32,8 +32,11 @@ Resource limits (util-linux `prlimit`, set on itself before it execs bwrap, so t
               this process and handed to it, never pipes)
   open_files  RLIMIT_NOFILE; core dumps are off (RLIMIT_CORE 0)
   wall_s      enforced from outside: past it, bubblewrap's reaper (PID 1 of the sandbox) is sent SIGKILL, which
-              makes the kernel kill every process of the PID namespace; run() returns once bubblewrap has exited,
-              so nothing of the program outlives the call
+              makes the kernel kill every process of the PID namespace. Nothing of the program outlives run():
+              bubblewrap returns as soon as the program's main process exits, and its reaper (SIGKILLed by
+              --die-with-parent then, with whatever the program left running) would be orphaned to the machine's
+              init, which may never reap it (a zombie still counts against RLIMIT_NPROC); so run() makes this
+              process a child subreaper while it runs and reaps the reaper itself, after its namespace is gone
   output_kb   bytes of stdout and of stderr read back (the files themselves are capped at file_kb)
 
 Causes (`RunResult.cause`, CAUSES), one per run, first match wins:
