@@ -150,3 +150,28 @@ def test_per_task_points_and_fits(mixed_run, tmp_path, capsys):
   with pytest.raises(SystemExit):
     cli.main([str(root), "--task", "math", "--per-task"])
   assert "exclude each other" in capsys.readouterr().err
+
+
+def test_short_mixed_run_scores_code_in_the_sandbox_and_reports_per_task(tmp_path):
+  from scalerl_jax.pipeline.job import RLJob
+  from scalerl_jax.rewards.sandbox import Sandbox, SandboxUnavailable
+  from scalerl_jax.config import SandboxConfig
+  from tests.pipeline_helpers import tiny_config
+  try:
+    Sandbox(SandboxConfig()).check_available()
+  except SandboxUnavailable as exc:
+    pytest.skip(f"no usable sandbox here: {exc}")
+  cfg = tiny_config(tmp_path, "data.task=mixed", "data.reward_fn=", "data.task_mix=ratio", "data.num_eval=8",
+                    "rollout.interruption.answer_budget=7", "pipeline.steps=10", "pipeline.eval_every=2",
+                    "data.reward_workers=1", "data.reward_timeout_s=10")
+  job = RLJob(cfg, progress=False)
+  job.run_sync()
+  rows = [json.loads(l) for l in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
+  steps = [r for r in rows if "train/loss" in r]
+  assert all(r["train/math/prompts"] == r["train/code/prompts"] == 2 for r in steps)
+  last = rows[-1]
+  assert last["reward/code/calls"] > 0 and sum(v for k, v in last.items() if k.startswith("reward/code/cause/")) > 0
+  assert last["eval/code/n_total"] == last["eval/math/n_total"] == 8 * cfg.pipeline.eval_samples
+  assert scaling.tasks_in(job.run_dir) == ["code", "math"]
+  for task in ("code", "math"):
+    assert len(scaling.load_points(job.run_dir, task=task).compute) == 6  # R0 + 5 evaluations
