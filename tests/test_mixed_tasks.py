@@ -175,3 +175,17 @@ def test_short_mixed_run_scores_code_in_the_sandbox_and_reports_per_task(tmp_pat
   assert scaling.tasks_in(job.run_dir) == ["code", "math"]
   for task in ("code", "math"):
     assert len(scaling.load_points(job.run_dir, task=task).compute) == 6  # R0 + 5 evaluations
+
+
+def test_mixed_cpu_config_fits_its_prompts_and_solutions():
+  cfg = load_config("configs/mixed_cpu.yaml")
+  task, tok = make_task(cfg.data), CharTokenizer()
+  r, it = cfg.rollout, cfg.rollout.interruption
+  records = task.train_records() + task.eval_records()
+  assert {rec.task for rec in records} == {"math", "code"}
+  assert max(len(tok.encode_prompt(rec.text)) for rec in records) <= r.max_prefill_len
+  for rec in [rec for t in ("math", "code") for rec in records if rec.task == t][::97]:
+    work, _, answer = task.solution(rec).partition("|")
+    assert len(tok.encode(work)) <= it.think_budget_min and len(tok.encode(answer)) <= it.answer_budget
+    assert len(tok.encode(task.solution(rec))) <= r.max_new_tokens
+  assert r.max_prefill_len + r.max_new_tokens <= cfg.model.max_seq_len
