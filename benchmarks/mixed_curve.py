@@ -13,11 +13,9 @@ import argparse
 import json
 import pathlib
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 
+from learning_curve import run_seed  # the same fresh-process run as the CPU default's benchmark
 from record import save_result  # benchmarks/record.py (this script's folder is on sys.path)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -32,17 +30,9 @@ def main() -> None:
   parser.add_argument("overrides", nargs="*")
   args = parser.parse_args()
   with tempfile.TemporaryDirectory() as tmp:
-    run_dir = pathlib.Path(tmp) / "mixed"
-    cmd = [sys.executable, str(ROOT / "launch" / "train.py"), "--config", str(ROOT / "configs" / "mixed_cpu.yaml"),
-           f"run_dir={run_dir}", f"seed={args.seed}", f"data.seed={args.seed}",
-           f"warm_start.cache_dir={pathlib.Path(tmp) / 'ws_cache'}", "logging.progress=false", *args.overrides]
-    if args.steps:
-      cmd.append(f"pipeline.steps={args.steps}")
-    start = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    total = time.time() - start
-    if proc.returncode != 0:
-      raise SystemExit(f"the run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    run = run_seed(args.seed, args.steps, ["--config", str(ROOT / "configs" / "mixed_cpu.yaml"), *args.overrides],
+                   pathlib.Path(tmp))
+    run_dir = pathlib.Path(tmp) / f"seed{args.seed}"
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if r.get("eval/pass_rate") is not None]
     fits_path = run_dir / "scaling_fit_tasks.json"
@@ -50,10 +40,10 @@ def main() -> None:
     plot = run_dir / "scaling_curve_tasks.png"
     if plot.is_file():
       shutil.copy(plot, pathlib.Path(args.out).with_suffix(".png"))
-  curve = [{"step": r["step"], "accelerator_seconds": r.get("compute/accelerator_seconds"),
-            "t_s": round(r["time/unix"] - start, 1),
+  curve = [{"step": r["step"], "accelerator_seconds": r.get("compute/accelerator_seconds"), "t_s": c["t_s"],
             **{task: r.get(f"eval/{task}/pass_rate") for task in TASKS},
-            **{f"{task}_greedy": r.get(f"eval/{task}/greedy_pass_at_1") for task in TASKS}} for r in evals]
+            **{f"{task}_greedy": r.get(f"eval/{task}/greedy_pass_at_1") for task in TASKS}}
+           for r, c in zip(evals, run["curve"])]
   print(f"{'step':>5} {'acc-s':>8} {'t (s)':>7} {'math':>6} {'code':>6}  (held-out mean@n per task)")
   for c in curve:
     print(f"{c['step']:>5} {c['accelerator_seconds']:>8.1f} {c['t_s']:>7.1f} {c['math']:>6.3f} {c['code']:>6.3f}")
@@ -65,9 +55,9 @@ def main() -> None:
   for task, fit in fits.items():
     lsq = fit.get("lsq", fit)
     print(f"{task}: fitted A={lsq.get('A')} B={lsq.get('B')} C_mid={lsq.get('C_mid')}")
-  print(f"total {total:.1f} s")
-  save_result(args.out, {"seed": args.seed, "total_s": round(total, 1), "curve": curve, "fits": fits,
-                         "code_scoring": scoring, "report": proc.stdout.strip().splitlines()[-12:]})
+  print(f"total {run['total_s']} s")
+  save_result(args.out, {"seed": args.seed, "total_s": run["total_s"], "curve": curve, "fits": fits,
+                         "code_scoring": scoring, "report": run["report"]})
 
 
 if __name__ == "__main__":
