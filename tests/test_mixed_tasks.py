@@ -189,3 +189,17 @@ def test_mixed_cpu_config_fits_its_prompts_and_solutions():
     assert len(tok.encode(work)) <= it.think_budget_min and len(tok.encode(answer)) <= it.answer_budget
     assert len(tok.encode(task.solution(rec))) <= r.max_new_tokens
   assert r.max_prefill_len + r.max_new_tokens <= cfg.model.max_seq_len
+
+
+def test_warm_start_validation_of_a_mixed_run_is_its_weakest_task(monkeypatch):
+  from scalerl_jax.train import warmstart
+  task, tok = MixedTask(mixed_cfg()), CharTokenizer()
+  # each task's validation rows stand for a "pass rate" of their own (the mean token id of the rows it was given)
+  monkeypatch.setattr(warmstart, "reference_pass_rate_fn", lambda policy, tokens, mask: lambda params: tokens.mean())
+  val = task.warmstart_val_records()
+  each = {t: warmstart.solution_rows(task, [r for r in val if r.task == t], tok)[0].mean() for t in ("math", "code")}
+  assert each["math"] != each["code"]
+  assert warmstart.validation_pass_rate_fn(None, task, tok)(None) == min(each.values())
+  single = CodeTask(2, 0, 20000, 64)  # untagged: one split, one value
+  assert warmstart.validation_pass_rate_fn(None, single, tok)(None) == warmstart.solution_rows(
+      single, single.warmstart_val_records(), tok)[0].mean()
