@@ -1,12 +1,15 @@
 """Fit the ScaleRL compute-performance curve R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) to runs, extrapolate.
 
   python launch/fit_curve.py INPUT [INPUT ...] [--x accelerator_seconds|accelerator_hours|flops] [--fit-upto 0.5]
-                             [--c-min X] [--bayes] [--task T | --per-task] [--json OUT] [--plot OUT.png]
+                             [--c-min X] [--bayes] [--task T | --per-task] [--target R] [--json OUT]
+                             [--plot OUT.png]
 
 INPUT: a run directory (metrics.jsonl or tensorboard events), a metrics .jsonl, or a CSV with columns
 compute,reward[,n_correct,n_total]. The first point of each input is its R0 measurement. With several inputs the
 runs are also compared (A, P(A1 > A2) with --bayes, B at a common A when |A1 - A2| < 0.02, crossing computes).
-A mixed-task run (math + code) logs one held-out curve per task: `--task code` fits that one, `--per-task` fits
+--target R adds early-stop advice: the probability that the run's ceiling A exceeds R and the compute at which it is
+predicted to reach R, with its interval (scaling/advice.py; from the posterior with --bayes). A mixed-task run
+(math + code) logs one held-out curve per task: `--task code` fits that one, `--per-task` fits
 every task of every input, compares them and plots them together.
 """
 
@@ -20,6 +23,7 @@ from scalerl_jax import scaling
 from scalerl_jax.config import CurveFitConfig
 from scalerl_jax.errors import UserError
 from scalerl_jax.logs import setup_logging
+from scalerl_jax.scaling.advice import format_advice, target_advice
 
 
 def parse_args(argv=None):
@@ -37,6 +41,7 @@ def parse_args(argv=None):
   p.add_argument("--task", action="append", default=[], metavar="T",
                  help="fit task T's held-out curve of a mixed-task run (repeatable)")
   p.add_argument("--per-task", action="store_true", help="fit every task's curve of each input")
+  p.add_argument("--target", type=float, metavar="R", help="early-stop advice for reaching pass rate R")
   p.add_argument("--json", metavar="OUT", help="write the fits as JSON")
   p.add_argument("--plot", metavar="OUT.png", help="save the fit (one input) or comparison (several) plot")
   p.add_argument("--verbose", action="store_true", help="also show the libraries' INFO logs (jax, numpyro, ...)")
@@ -94,8 +99,16 @@ def main(argv=None) -> int:
   except UserError as e:
     fail(str(e))
   out = {"x": args.x, "fit_upto": args.fit_upto, "c_min": args.c_min, "runs": [scaling.summary(r) for r in runs]}
+  if args.target is not None:
+    try:
+      for s, r in zip(out["runs"], runs):
+        s["advice"] = target_advice(r, args.target)
+    except UserError as e:
+      fail(str(e))
   for s in out["runs"]:
     print(scaling.format_report(s))
+    if "advice" in s:
+      print(format_advice(s["advice"]))
   if len(runs) > 1:
     out["comparisons"] = scaling.compare_runs(runs)
     for pair in out["comparisons"]:

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+from scalerl_jax import scaling
 from scalerl_jax.scaling import synthetic
 from tests.cli_helpers import exit_error
 
@@ -232,3 +233,27 @@ def test_a_write_that_fails_after_the_fit_is_one_line(runs, tmp_path, capsys, mo
   monkeypatch.setattr(plots, "save", refuse)
   err = _error(capsys, [str(runs[0]), "--plot", str(tmp_path / "fit.png")])
   assert err == f"fit_curve.py: error: cannot write --plot {tmp_path / 'fit.png'}: Permission denied\n"
+
+
+def test_target_advice_on_a_run_with_a_known_ceiling(tmp_path, capsys):
+  """Synthetic run with A = 0.61 (Table 1's ScaleRL), fitted on its first half: a target well below A is predicted
+  to be reached, before the run's end, and one above A almost never."""
+  from scalerl_jax.scaling.advice import target_advice
+  true = synthetic.table1("ScaleRL", r0=0.3)
+  run = synthetic.synthetic_run(true, 16000.0, n_evals=40, seed=3)
+  fitted = scaling.analyse(scaling.CurvePoints(run.compute[:21], run.reward[:21], name="half"), fit_upto=1.0)
+  low = float(run.reward[:21].max()) + 0.01  # above everything the first half measured, below the ceiling
+  assert low < true.A - 0.02
+  near = target_advice(fitted, low)
+  assert near["source"] == "laplace" and near["reached"] is None and near["p_reach"] > 0.9
+  c_true = true.C_mid / ((true.A - true.R0) / (near["target"] - true.R0) - 1) ** (1 / true.B)
+  assert near["c_target"]["lo"] < c_true < near["c_target"]["hi"]
+  assert target_advice(fitted, true.A + 0.15)["p_reach"] < 0.1
+  measured = target_advice(fitted, float(run.reward[5]))
+  assert measured["reached"] is not None and measured["p_reach"] == 1.0
+  d = synthetic.write_run_dir(run, tmp_path / "r").parent
+  assert cli.main([str(d), "--target", "0.5", "--json", str(tmp_path / "a.json")]) == 0
+  printed = capsys.readouterr().out
+  assert "target 0.500: P(ceiling > target) = " in printed or "target 0.500: reached at C=" in printed
+  assert json.loads((tmp_path / "a.json").read_text())["runs"][0]["advice"]["target"] == 0.5
+  assert _error(capsys, [str(d), "--target", "1.5"]).endswith("target must be a pass rate in (0, 1), got 1.5\n")

@@ -9,6 +9,7 @@
     compare.py    P(A1 > A2), the paper's B rule at a common A, crossing computes
     plots.py      matplotlib figures (imported on demand)
     end_of_run.py fit_run / fit_tasks: the trainer's end-of-run fit (per task for mixed runs), plot, summary
+    advice.py     early-stop advice: P(ceiling > target) and the compute to reach it
     synthetic.py  runs with known curves (tests, notebook, benchmark)
 """
 

@@ -1,0 +1,70 @@
+"""Early-stop advice: will a run's ceiling reach a target pass rate, and at what compute?
+
+From a fitted run (`analysis.RunFit`), over draws of the curve's parameters:
+
+    P(reach)   = P(A > target)                     the share of draws whose ceiling is above the target
+    C_target   = C_mid / ((A - R0) / (target - R0) - 1)^(1 / B)     solving R(C) = target, for those draws
+
+The draws are the NumPyro posterior's samples when the run was fitted with `bayes=True`; otherwise draws of the
+least-squares fit's Laplace approximation, (A, ln B, ln C_mid) ~ Normal(estimate, covariance), A clipped to
+(R0, 1]; without a covariance, the point estimate alone (P is then 0 or 1, and the advice says so). A target the run
+has already measured, or one at or below R0, is reported as reached, with no extrapolation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from scalerl_jax.scaling.points import CurveDataError
+
+
+def _draws(run, n: int, seed: int) -> tuple[dict, str]:
+  """Parameter draws {A, B, C_mid, R0} (arrays of one length) and where they came from."""
+  if run.bayes is not None:
+    s = run.bayes.samples
+    return {k: np.asarray(s[k], float).reshape(len(s["A"]), -1)[:, 0] for k in ("A", "B", "C_mid", "R0")}, \
+        "posterior"
+  p, cov = run.lsq.params, run.lsq.cov
+  if cov is None or not np.all(np.isfinite(cov)):
+    return {k: np.array([getattr(p, k)], float) for k in ("A", "B", "C_mid", "R0")}, "point estimate"
+  mean = [p.A, np.log(p.B), np.log(p.C_mid)] + ([p.R0] if cov.shape[0] == 4 else [])
+  x = np.random.default_rng(seed).multivariate_normal(mean, cov, size=n, check_valid="ignore")
+  r0 = x[:, 3] if cov.shape[0] == 4 else np.full(n, p.R0)
+  return {"A": np.clip(x[:, 0], r0 + 1e-9, 1.0), "B": np.exp(x[:, 1]), "C_mid": np.exp(x[:, 2]), "R0": r0}, "laplace"
+
+
+def target_advice(run, target: float, *, level: float = 0.9, n_draws: int = 4000, seed: int = 0) -> dict:
+  """{target, p_reach, c_target: {lo, median, hi} over the draws that reach it (None if none), source,
+  reached: the compute of the first measurement at or above the target (None if not yet), level}."""
+  if not 0.0 < target < 1.0:
+    raise CurveDataError(f"target must be a pass rate in (0, 1), got {target}")
+  pts = run.points
+  hit = np.flatnonzero(pts.reward >= target)
+  out = {"target": float(target), "level": level, "reached": float(pts.compute[hit[0]]) if hit.size else None}
+  d, out["source"] = _draws(run, n_draws, seed)
+  if hit.size or target <= float(np.median(d["R0"])):
+    return {**out, "p_reach": 1.0, "c_target": None}
+  above = d["A"] > target
+  out["p_reach"] = float(np.mean(above))
+  if not above.any():
+    return {**out, "c_target": None}
+  a, b, m, r0 = (d[k][above] for k in ("A", "B", "C_mid", "R0"))
+  c = m / ((a - r0) / (target - r0) - 1.0) ** (1.0 / b)
+  lo, med, hi = np.quantile(c, [0.5 - level / 2, 0.5, 0.5 + level / 2])
+  return {**out, "c_target": {"lo": float(lo), "median": float(med), "hi": float(hi)}}
+
+
+def format_advice(a: dict, unit: str = "") -> str:
+  """One line: the probability and, when some draws reach it, the predicted compute with its interval."""
+  t = a["target"]
+  if a["reached"] is not None:
+    return f"  target {t:.3f}: reached at C={a['reached']:.4g}{unit}"
+  line = f"  target {t:.3f}: P(ceiling > target) = {a['p_reach']:.2f} ({a['source']})"
+  if a["c_target"] is not None:
+    c = a["c_target"]
+    pct = round(100 * a["level"])
+    line += (f"; reached at C={c['median']:.4g}{unit} [{c['lo']:.4g}, {c['hi']:.4g}] ({pct} % interval of the "
+             "draws that reach it)")
+  elif a["p_reach"] == 0.0:
+    line += "; no draw of the fit reaches it"
+  return line
