@@ -257,3 +257,19 @@ def test_target_advice_on_a_run_with_a_known_ceiling(tmp_path, capsys):
   assert "target 0.500: P(ceiling > target) = " in printed or "target 0.500: reached at C=" in printed
   assert json.loads((tmp_path / "a.json").read_text())["runs"][0]["advice"]["target"] == 0.5
   assert _error(capsys, [str(d), "--target", "1.5"]).endswith("target must be a pass rate in (0, 1), got 1.5\n")
+
+
+def test_a_fit_before_the_bend_says_its_ceiling_is_not_identified(capsys):
+  from scalerl_jax.scaling.advice import ceiling_status, target_advice
+  true = synthetic.table1("ScaleRL", r0=0.3)  # C_mid 2542
+  run = synthetic.synthetic_run(true, 16000.0, n_evals=120, seed=4)
+  early = run.compute <= 1200.0  # the first points: all well before the midpoint
+  before = scaling.analyse(scaling.CurvePoints(run.compute[early], run.reward[early], name="early"), fit_upto=1.0)
+  whole = scaling.analyse(run, fit_upto=0.6)
+  assert whole.window.c_cut > true.C_mid and ceiling_status(whole) == (True, "")
+  identified, why = ceiling_status(before)
+  assert before.lsq.params.C_mid > before.window.c_cut and not identified and why.startswith("not bent yet")
+  s = scaling.summary(before)
+  assert s["ceiling"] == {"identified": False, "why_not": why}
+  assert "ceiling not identified: not bent yet" in scaling.format_report(s)
+  assert target_advice(before, 0.58)["caveat"] == why

@@ -9,6 +9,13 @@ The draws are the NumPyro posterior's samples when the run was fitted with `baye
 least-squares fit's Laplace approximation, (A, ln B, ln C_mid) ~ Normal(estimate, covariance), A clipped to
 (R0, 1]; without a covariance, the point estimate alone (P is then 0 or 1, and the advice says so). A target the run
 has already measured, or one at or below R0, is reported as reached, with no extrapolation.
+
+`ceiling_status` says when a fit's ceiling is not identified yet (the advice and the report say so instead of
+presenting A as a prediction): the fitted midpoint C_mid lies beyond the last fitted compute (the curve has not
+bent inside the fit window), or A sits at the top of the grid (1.0). These rules are the obvious first ones and do
+not catch every early fit: on synthetic Table-1 runs (seeds 4-6) cut at 800-3000 of 16000 compute, they flagged 10
+of 15 cuts, and two unflagged fits before the midpoint had A 0.45-0.49 against the true 0.61. The calibration
+benchmark of issue 20 is to choose or replace them.
 """
 
 from __future__ import annotations
@@ -33,6 +40,17 @@ def _draws(run, n: int, seed: int) -> tuple[dict, str]:
   return {"A": np.clip(x[:, 0], r0 + 1e-9, 1.0), "B": np.exp(x[:, 1]), "C_mid": np.exp(x[:, 2]), "R0": r0}, "laplace"
 
 
+def ceiling_status(run) -> tuple[bool, str]:
+  """(identified, why not): see the module docstring."""
+  p, c_cut = run.lsq.params, run.window.c_cut
+  if p.C_mid > c_cut:
+    return False, (f"not bent yet: the fitted midpoint C_mid={p.C_mid:.4g} lies beyond the last fitted compute "
+                   f"{c_cut:.4g}, so the ceiling A={p.A:.3f} is a guess")
+  if p.A >= 0.9995:
+    return False, "the fitted ceiling is at the grid's bound A=1.0: the points do not constrain it"
+  return True, ""
+
+
 def target_advice(run, target: float, *, level: float = 0.9, n_draws: int = 4000, seed: int = 0) -> dict:
   """{target, p_reach, c_target: {lo, median, hi} over the draws that reach it (None if none), source,
   reached: the compute of the first measurement at or above the target (None if not yet), level}."""
@@ -40,7 +58,9 @@ def target_advice(run, target: float, *, level: float = 0.9, n_draws: int = 4000
     raise CurveDataError(f"target must be a pass rate in (0, 1), got {target}")
   pts = run.points
   hit = np.flatnonzero(pts.reward >= target)
-  out = {"target": float(target), "level": level, "reached": float(pts.compute[hit[0]]) if hit.size else None}
+  identified, why = ceiling_status(run)
+  out = {"target": float(target), "level": level, "reached": float(pts.compute[hit[0]]) if hit.size else None,
+         "ceiling_identified": identified, "caveat": why}
   d, out["source"] = _draws(run, n_draws, seed)
   if hit.size or target <= float(np.median(d["R0"])):
     return {**out, "p_reach": 1.0, "c_target": None}
@@ -67,4 +87,6 @@ def format_advice(a: dict, unit: str = "") -> str:
              "draws that reach it)")
   elif a["p_reach"] == 0.0:
     line += "; no draw of the fit reaches it"
+  if a.get("caveat"):
+    line += f" (caveat: {a['caveat']})"
   return line

@@ -19,6 +19,7 @@ from typing import Optional
 
 import numpy as np
 
+from scalerl_jax.scaling import advice as advice_lib
 from scalerl_jax.scaling import bayes as bayes_lib
 from scalerl_jax.scaling import fit as fit_lib
 from scalerl_jax.scaling.points import CurveDataError, CurvePoints, Window, split
@@ -99,8 +100,10 @@ def summary(run: RunFit) -> dict:
             "error": predicted - run.measured_last, "band": [lo, hi], "level": run.level,  # predictive band
             "covered": bool(lo <= run.measured_last <= hi) if len(held) and lo is not None else None,
             "held_out_rmse": float(np.sqrt(np.mean((p(held.compute) - held.reward) ** 2))) if len(held) else None}
+  identified, why = advice_lib.ceiling_status(run)
   out = {"name": run.name, "n_points": len(run.points), "n_fit": len(w.fit), "n_held_out": len(held),
          "c_min": w.c_min, "c_cut": w.c_cut, "method": run.lsq.method, **p.as_dict(),
+         "ceiling": {"identified": identified, "why_not": why},
          "residual": {"sse": run.lsq.sse, "rmse": run.lsq.rmse}, "extrapolation": extrap}
   if run.power is not None:
     out["power_law"] = {**run.power.params.as_dict(), "sse": run.power.sse}
@@ -127,6 +130,8 @@ def format_report(s: dict) -> str:
     q = s["bayes"]
     lines.append(f"  posterior: A={q['A']['q50']:.3f} [{q['A']['q05']:.3f}, {q['A']['q95']:.3f}]  "
                  f"B={q['B']['q50']:.2f} [{q['B']['q05']:.2f}, {q['B']['q95']:.2f}]  (5-95 %)")
+  if not s.get("ceiling", {}).get("identified", True):
+    lines.append(f"  ceiling not identified: {s['ceiling']['why_not']}")
   band = s["bayes"]["predictive_last"] if "bayes" in s else {"lo": e["band"][0], "hi": e["band"][1]}
   band_text = f" [{band['lo']:.3f}, {band['hi']:.3f}]" if band["lo"] is not None else ""
   covered = s["bayes"]["covered"] if "bayes" in s else e["covered"]
