@@ -273,3 +273,27 @@ def test_a_fit_before_the_bend_says_its_ceiling_is_not_identified(capsys):
   assert s["ceiling"] == {"identified": False, "why_not": why}
   assert "ceiling not identified: not bent yet" in scaling.format_report(s)
   assert target_advice(before, 0.58)["caveat"] == why
+
+
+def test_the_trainer_logs_advice_at_every_evaluation_once_enough_points_exist(tmp_path):
+  """TargetAdvisor on a run directory filling up evaluation by evaluation (a synthetic run's metrics lines)."""
+  from scalerl_jax.config import CurveFitConfig
+  from scalerl_jax.pipeline.step_metrics import TargetAdvisor
+  true = synthetic.table1("ScaleRL", r0=0.3)
+  run = synthetic.synthetic_run(true, 16000.0, n_evals=30, seed=5)
+  advise = TargetAdvisor(CurveFitConfig(target=0.58), tmp_path)
+  logged = []
+  for c, r in zip(run.compute, run.reward):
+    line = {"compute/accelerator_seconds": float(c), "eval/pass_rate": float(r)}
+    line.update(advise(line))
+    logged.append(line)
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+      f.write(json.dumps({"step": len(logged), **line}) + "\n")
+  assert all("predict/p_target" not in l for l in logged[:TargetAdvisor.MIN_POINTS - 1])
+  late = [l for l in logged if "predict/p_target" in l]
+  assert len(late) >= 20 and all(0 <= l["predict/p_target"] <= 1 for l in late)
+  final = late[-1]
+  assert final["predict/target"] == 0.58 and abs(final["predict/A"] - true.A) < 0.05
+  assert final["predict/reached"] == int(run.reward.max() >= 0.58)
+  if not final["predict/reached"]:
+    assert final["predict/c_target_lo"] <= final["predict/c_target"] <= final["predict/c_target_hi"]

@@ -310,6 +310,9 @@ class CurveFitConfig(_Choices):
   fit_upto: float = 0.5
   c_min: float = 0.0
   bayes: bool = True
+  # early-stop advice at every evaluation (predict/... metrics, pipeline/step_metrics.py TargetAdvisor): the
+  # probability that the run's ceiling exceeds this pass rate and the compute at which it is reached; null = off
+  target: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)

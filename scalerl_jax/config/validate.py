@@ -58,6 +58,8 @@ def validate(cfg: RunConfig) -> RunConfig:
   need(bool(sb.python), "sandbox.python", "must name the interpreter that runs programs in the sandbox")
   need(0.0 <= cfg.data.code_fraction <= 1.0, "data.code_fraction", "must be in [0, 1]")
   need(bool(cfg.data.task_field), "data.task_field", "must name the field that holds a row's task")
+  need(cfg.curve_fit.target is None or 0 < cfg.curve_fit.target < 1, "curve_fit.target",
+       "must be a pass rate in (0, 1) or null")
   r = cfg.rollout
   need(r.max_slots > 0, "rollout.max_slots", "must be positive")
   need(r.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)")

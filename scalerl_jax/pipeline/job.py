@@ -200,7 +200,9 @@ class RLJob:
     logger = MetricsLogger(self.run_dir, self.cfg.logging.tensorboard,
                            resume_step=self.start_step if latest is not None else None)
     bar = ProgressBar(self.progress, self.cfg.pipeline.steps, self.start_step, f"RL ({self.cfg.pipeline.mode})")
-    self.log = step_metrics.StepLog(logger, bar, self.meter, self.evaluate)
+    advise = (step_metrics.TargetAdvisor(self.cfg.curve_fit, self.run_dir) if self.cfg.curve_fit.target is not None
+              else None)
+    self.log = step_metrics.StepLog(logger, bar, self.meter, self.evaluate, advise)
     self.sync = WeightSync(self.engine.param_shardings, self.state.params, self.version)
 
   # ---- one step (trainer thread; `score` is also called by the generator thread) --------------------------

@@ -5,7 +5,8 @@
 Keys are `group/name`: train/ (loss diagnostics, grad and update norms, throughput; train/<task>/... per task of a
 mixed run), rollout/ (tokens, truncation, interruption, reward failures), moe/ (an MoE policy's router losses,
 routing mismatch and expert loads), pipeline/ (lag of the consumed tokens, weight-sync time, trainer wait, generator
-idle), data/ (epoch, NPR), compute/ (the curve's x axis, from ComputeMeter).
+idle), data/ (epoch, NPR), compute/ (the curve's x axis, from ComputeMeter), predict/ (early-stop advice at each
+evaluation with curve_fit.target, `TargetAdvisor`).
 """
 
 from __future__ import annotations
@@ -77,12 +78,55 @@ def finish(record: types.StepRecord, generator_stats=None) -> dict:
   return out
 
 
+class TargetAdvisor:
+  """Early-stop advice at every evaluation (curve_fit.target): the run's evaluation points so far (metrics.jsonl
+  plus the one being logged) fitted by the paper's procedure on all of them, then scaling.advice.target_advice
+  from the fit's Laplace draws (about 50 ms). Keys, once MIN_POINTS evaluations exist and a fit is found:
+    predict/target, predict/p_target (P(ceiling > target)), predict/A (the fitted ceiling),
+    predict/ceiling_identified (0 when the curve has not bent yet: the numbers are then guesses),
+    predict/c_target, predict/c_target_lo, predict/c_target_hi (compute on the curve_fit.x axis at which the target
+    is reached, with its 90 % interval; only when some draws reach it), predict/reached (1 once measured)."""
+
+  MIN_POINTS = 6  # R0 + 5 evaluations, as the end-of-run fit
+
+  def __init__(self, cfg, run_dir):
+    self.cfg, self.run_dir = cfg, run_dir
+
+  def __call__(self, out: dict) -> dict:
+    from scalerl_jax import scaling
+    from scalerl_jax.scaling.advice import target_advice
+    key, factor = scaling.io.X_AXES[self.cfg.x]
+    try:
+      prev = scaling.load_points(self.run_dir, x=self.cfg.x)
+      compute, reward = list(prev.compute), list(prev.reward)
+    except scaling.CurveDataError:  # no evaluation written yet
+      compute, reward = [], []
+    compute.append(out[key] * factor)
+    reward.append(out["eval/pass_rate"])
+    if len(compute) < self.MIN_POINTS:
+      return {}
+    try:
+      run = scaling.analyse(scaling.CurvePoints(np.array(compute), np.array(reward)), fit_upto=1.0,
+                            c_min=self.cfg.c_min)
+      a = target_advice(run, self.cfg.target)
+    except scaling.CurveDataError:  # too few usable points or no curve: no advice this time
+      return {}
+    advice = {"predict/target": a["target"], "predict/p_target": a["p_reach"], "predict/A": run.lsq.params.A,
+              "predict/ceiling_identified": int(a["ceiling_identified"]),
+              "predict/reached": int(a["reached"] is not None)}
+    if a["c_target"] is not None:
+      advice.update({"predict/c_target": a["c_target"]["median"], "predict/c_target_lo": a["c_target"]["lo"],
+                     "predict/c_target_hi": a["c_target"]["hi"]})
+    return advice
+
+
 class StepLog:
   """The trainer's metric writer: `hold` the step just dispatched; `flush` writes the held one (its device scalars
   are ready by the time the next step has been dispatched), with compute and, when asked, a held-out evaluation."""
 
-  def __init__(self, logger: MetricsLogger, bar: ProgressBar, meter: ComputeMeter, evaluate: Callable[[], dict]):
-    self.logger, self.bar, self.meter, self._evaluate = logger, bar, meter, evaluate
+  def __init__(self, logger: MetricsLogger, bar: ProgressBar, meter: ComputeMeter, evaluate: Callable[[], dict],
+               advise: Optional[Callable[[dict], dict]] = None):
+    self.logger, self.bar, self.meter, self._evaluate, self._advise = logger, bar, meter, evaluate, advise
     self._pending: Optional[types.StepRecord] = None
 
   def hold(self, record: types.StepRecord) -> None:
@@ -102,6 +146,8 @@ class StepLog:
     if evaluate:
       out.update(self._evaluate())
     out.update(self.meter.metrics())
+    if evaluate and self._advise is not None:
+      out.update(self._advise(out))
     self.logger.write(record.step + 1, out)
     self.bar.update(out)
 
