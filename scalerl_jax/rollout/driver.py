@@ -79,8 +79,13 @@ class RolloutDriver:
   """Keeps every decode slot busy; see the module docstring."""
 
   def __init__(self, engine: Engine, *, seed: int = 0, sampling: Optional[SamplingParams] = None,
-               steps: Optional[int] = None):
+               steps: Optional[int] = None, uid_stride: int = 1, uid_offset: int = 0):
+    """`uid_stride` / `uid_offset`: the n-th prompt submitted here gets uid offset + stride * n, so that drivers
+    of several processes number their prompts as one driver would number the whole stream (process i of m holds
+    stream positions i, i + m, ...), and every sample draws the same random stream however many processes
+    generate."""
     self.engine = engine
+    self.uid_stride, self.uid_offset = uid_stride, uid_offset
     self.sampling = sampling or engine.default_sampling
     self.steps = steps or engine.cfg.decode_chunk  # decode steps fused into one generate call
     self.stats = RolloutStats()
@@ -119,6 +124,7 @@ class RolloutDriver:
 
   @property
   def first_uid(self) -> int:
+    """The submission count the numbering continues from (uid = offset + stride * count)."""
     return self._next_uid
 
   @first_uid.setter
@@ -130,7 +136,7 @@ class RolloutDriver:
 
   def _take_uid(self) -> int:
     self._next_uid += 1
-    return self._next_uid - 1
+    return self.uid_offset + self.uid_stride * (self._next_uid - 1)
 
   # ---- counters --------------------------------------------------------------------------------------------
   @property
@@ -163,11 +169,13 @@ class RolloutDriver:
 
   def generate_all(self, params: Params, version: int, prompts: Sequence[types.Prompt], n: int,
                    sampling: Optional[SamplingParams] = None, seed: Optional[int] = None,
-                   steps: Optional[int] = None) -> list[types.RolloutGroup]:
+                   steps: Optional[int] = None, uid_stride: int = 1,
+                   uid_offset: int = 0) -> list[types.RolloutGroup]:
     """n samples of every prompt (evaluation), in prompt order; sampling, seed and steps default to this
-    driver's. Uses its own decode state: in-flight work of this driver is untouched."""
+    driver's; prompt i gets uid uid_offset + uid_stride * i (a process's shard of the held-out set keeps each
+    prompt's random stream). Uses its own decode state: in-flight work of this driver is untouched."""
     runner = RolloutDriver(self.engine, seed=self.seed if seed is None else seed, sampling=sampling or self.sampling,
-                           steps=steps or self.steps)
+                           steps=steps or self.steps, uid_stride=uid_stride, uid_offset=uid_offset)
     runner._state, self._eval_state = self._eval_state, None  # reuse the idle evaluation decode state
     for p in prompts:
       runner.submit(p, n)
@@ -175,7 +183,7 @@ class RolloutDriver:
     while runner.busy or runner.queued_prompts:
       out += runner.step(params, version)
     self.last_eval_stats, self._eval_state = runner.stats, runner._state
-    return sorted(out, key=lambda g: g.uid)  # uids are 0..len(prompts)-1 in submission order
+    return sorted(out, key=lambda g: g.uid)  # uids grow in submission order
 
   def _refill(self, params: Params) -> None:
     free = np.flatnonzero(self._slot_uid < 0)
