@@ -1,5 +1,10 @@
 """The main job: `python launch/train.py [--config FILE] [--mesh SPEC] [--sync] [--overwrite] [key=value ...]`.
 
+Many processes (TPU pod slices, GPU clusters): the same command on every process, which then calls
+`jax.distributed.initialize`: explicitly with `--coordinator HOST:PORT --num-processes N --process-id I`, or as jax
+detects the cluster (TPU VMs, GKE, Slurm). Process 0 logs, writes metrics and prints the report; a failure in
+any process ends all of them with its message or traceback (launch/tpu_pod.sh, gke_jobset.sh, slurm_gpu.sbatch).
+
 With no arguments it runs the embedded CPU default (configs/cpu_default.yaml): a small policy warm-started on the
 built-in addition task, then the ScaleRL recipe with PipelineRL-k, held-out evaluation, checkpoints, logs and a
 scaling-curve fit at the end. Overrides may come before, between or after the flags. A user error (config, data,
@@ -12,16 +17,18 @@ import logging
 import pathlib
 import shutil
 import sys
+import traceback
 from typing import Optional
 
 from scalerl_jax.config import CONFIG_GROUPS, load_config
-from scalerl_jax.errors import UserError
+from scalerl_jax.errors import UserError, user_error
 from scalerl_jax.logs import setup_logging
 
 DEFAULT = pathlib.Path(__file__).resolve().parent.parent / "configs" / "cpu_default.yaml"
 PROG = "train.py"
 # what a run writes into its run directory and a fresh run (checkpoint.resume=false) would replace
 PREVIOUS_RUN = ("metrics.jsonl", "consumed_prompts.jsonl", "checkpoints", "tensorboard")
+TRANSFER_PORT = 8476
 log = logging.getLogger("scalerl_jax.launch.train")
 
 
@@ -42,6 +49,19 @@ def make_parser() -> argparse.ArgumentParser:
                           PREVIOUS_RUN) + " and start afresh (without this flag such a run is refused, so a "
                       "finished run's metrics are never lost silently)")
   parser.add_argument("--verbose", action="store_true", help="also show the libraries' INFO logs (jax, orbax, ...)")
+  multi = parser.add_argument_group(
+      "multi-process", "explicit jax.distributed set-up (omit all three on a cluster jax detects: TPU VM pods, GKE, "
+      "Slurm); mesh.generator_processes=N makes the last N processes generators (disaggregated)")
+  multi.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address, the same on every process")
+  multi.add_argument("--num-processes", type=int, metavar="N")
+  multi.add_argument("--process-id", type=int, metavar="I", help="0 .. N-1, different on every process")
+  multi.add_argument("--transfer-address", metavar="HOST:PORT",
+                     help="disaggregated runs: this process's address for weight and rollout transfers on backends "
+                          "without their own cross-host transfers (CPU); default: this host's address, port "
+                          f"{TRANSFER_PORT} + process id")
+  multi.add_argument("--heartbeat-timeout", type=int, default=100, metavar="S",
+                     help="seconds without a heartbeat after which jax declares a process dead and stops the others "
+                          "(default: %(default)s)")
   parser.add_argument("overrides", nargs="*", metavar="key=value")
   return parser
 
@@ -101,21 +121,41 @@ def prepare_run_dir(cfg, overwrite: bool) -> Optional[str]:
   return None
 
 
-def user_error(exc: BaseException) -> Optional[UserError]:
-  """`exc` itself or the first UserError in its chain of causes (a generator-thread failure wraps the error it
-  caught in a PipelineError); None when the chain holds none."""
-  seen = set()
-  while exc is not None and id(exc) not in seen:
-    if isinstance(exc, UserError):
-      return exc
-    seen.add(id(exc))
-    exc = exc.__cause__ or exc.__context__
-  return None
-
-
 def fail(message: str) -> None:
-  sys.stderr.write(f"{PROG}: error: {message}\n")
+  """Exit 2 with one line; in a multi-process run every other process stops too, printing it."""
+  text = f"{PROG}: error: {message}\n"
+  if "jax" in sys.modules:
+    import jax
+    if jax.process_count() > 1:
+      from scalerl_jax import distributed
+      distributed.abort(text, 2)
+  sys.stderr.write(text)
   raise SystemExit(2)
+
+
+def start_processes(args, cfg) -> bool:
+  """jax.distributed for a multi-process run (before any backend starts); returns whether it is one. Processes
+  other than 0 log warnings only; all of them wait until process 0 has prepared the run directory."""
+  from scalerl_jax import distributed
+
+  transfer = args.transfer_address
+  if transfer is None and cfg.mesh.generator_processes and args.process_id is not None:
+    import socket
+    host = "127.0.0.1" if (args.coordinator or "").split(":")[0] in ("localhost", "127.0.0.1") else \
+        socket.gethostbyname(socket.gethostname())
+    transfer = f"{host}:{TRANSFER_PORT + args.process_id}"
+  try:
+    multi = distributed.initialize(args.coordinator, args.num_processes, args.process_id, transfer_address=transfer,
+                                   heartbeat_timeout_s=args.heartbeat_timeout)
+  except UserError as exc:
+    fail(str(exc))
+  if multi:
+    import jax
+    if jax.process_index() != 0:
+      logging.getLogger("scalerl_jax").setLevel(logging.WARNING)
+    log.info("process %d of %d (%d local devices of %d)", jax.process_index(), jax.process_count(),
+             jax.local_device_count(), jax.device_count())
+  return multi
 
 
 def main(argv=None) -> int:
@@ -130,9 +170,15 @@ def main(argv=None) -> int:
   except UserError as exc:
     fail(str(exc))
   setup_logging(args.verbose)
-  problem = prepare_run_dir(cfg, args.overwrite)
+  multi = start_processes(args, cfg) if (args.coordinator or args.num_processes or args.process_id is not None or
+                                        _cluster_detected()) else False
+  main_process = not multi or _process_index() == 0
+  problem = prepare_run_dir(cfg, args.overwrite) if main_process else None
   if problem:
     fail(problem)
+  if multi:
+    from scalerl_jax import distributed
+    distributed.barrier("scalerl_jax/run_dir_ready")
 
   from scalerl_jax.pipeline.job import RLJob  # after argument checks: importing jax takes a while
   from scalerl_jax.pipeline.report import final_report
@@ -143,10 +189,25 @@ def main(argv=None) -> int:
   except Exception as exc:  # noqa: BLE001  (re-raised unless it is, or was caused by, a user error)
     cause = user_error(exc)
     if cause is None:
+      if multi:  # the others must not wait on this process in a collective: stop them with its traceback
+        from scalerl_jax import distributed
+        distributed.abort(traceback.format_exc(), 1)
       raise
     fail(str(cause))
-  print(final_report(cfg, summary))
+  if main_process:
+    print(final_report(cfg, summary))
   return job.exit_code
+
+
+def _cluster_detected() -> bool:
+  """Whether jax's cluster detection sees more than one process here (cheap off clusters: environment checks)."""
+  from scalerl_jax import distributed
+  return distributed.detected_process_count() > 1
+
+
+def _process_index() -> int:
+  import jax
+  return jax.process_index()
 
 
 if __name__ == "__main__":

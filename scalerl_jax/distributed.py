@@ -1,43 +1,418 @@
-"""Host-local <-> global arrays and per-process state, in one place.
+"""Many processes, one run: start-up, roles, host-local <-> global arrays, and the messages between processes.
 
-Every process reads its own shard of the prompt stream, so a step's rows on this process are host-local numpy
-arrays: rows [i * B_local, (i + 1) * B_local) of the global batch on process i. `to_global` assembles them into
-global `jax.Array`s with the trainer's batch shardings (`jax.make_array_from_process_local_data`: each process
-supplies the rows its devices hold; with one process that is the whole batch). `gather_json` collects a small JSON
-record from every process (the data iterators' states for a checkpoint), so that process 0 can write them all and
-each process restores its own on resume.
+Start-up (`initialize`): `launch/train.py` calls `jax.distributed.initialize` when it runs as one process of many,
+explicitly (`--coordinator HOST:PORT --num-processes N --process-id I`) or as jax's own cluster detection finds it
+(TPU VM pod slices, GKE, Slurm). On CPU the collectives are gloo. A `Watchdog` thread then waits on the
+coordination service's key-value store for an abort record: a process that fails writes its traceback there
+(`abort`) and every other process prints it and exits, even one blocked in a collective, so nothing hangs on a
+peer that is gone (a process killed outright is caught by jax's heartbeat instead).
+
+Roles (`Topology`): with `mesh.generator_processes = 0` every process trains and generates (colocated: the trainer
+mesh spans every process's devices; each process's generator is an inference slice on its own devices, because
+continuous batching makes host-side decisions per slice). With n > 0 the last n processes only generate and the
+others only train (disaggregated: the two meshes are disjoint sets of processes' devices).
+
+Arrays: every process reads its own shard of the prompt stream and generates its rollouts. The scored groups of a
+step are then gathered to every trainer process (`allgather`: rl.prepare normalizes advantages and weights over
+the whole step batch, and NPR must decide the same on every process), and `from_global` builds the global batch
+arrays with each process supplying only its own devices' shards (`jax.make_array_from_callback`). `gather_json`
+collects small records (data-iterator states for a checkpoint). Both gather among any subset of processes with
+one jitted all-gather on a mesh of their first devices.
+
+Messages between processes (`Channel`, disaggregated runs): a point-to-point transfer of a tree of arrays from one
+process's first device to another's with `jax.device_put` across hosts (jax's cross-host transfer; on CPU it goes
+over the sockets named by `jax_cross_host_transfer_socket_address`). The key-value store carries each message's
+header (shapes and dtypes) first, so the receiver can wait for a sender that is still busy without the
+transfer's own timeout running, and so that wait polls the abort record.
 """
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
+import functools
+import hashlib
 import json
-from typing import Any
+import logging
+import os
+import pathlib
+import pickle
+import sys
+import threading
+import time
+from typing import Any, Optional, Sequence
 
 import jax
 import numpy as np
 
+from scalerl_jax.errors import UserError
 
-def to_global(local_tree: Any, shardings: Any) -> Any:
-  """Host-local numpy leaves (this process's rows) -> global arrays with `shardings` (same tree structure; None
-  leaves stay None). The global leading dim is the local one times the process count."""
-  count = jax.process_count()
+log = logging.getLogger(__name__)
+ABORT_KEY = "scalerl_jax/abort"
+STOP_KEY = "scalerl_jax/stop"  # set by the trainers when a disaggregated run ends early: generators stop waiting
+_POLL_MS = 500
 
+
+class DistributedError(UserError, RuntimeError):
+  """Multi-process set-up that cannot work (flags, roles, mismatched processes); the message names the process."""
+
+
+class Stopped(Exception):
+  """The trainers ended the run (STOP_KEY) while this process waited for a message."""
+
+
+def stop_requested() -> bool:
+  try:
+    _client().key_value_try_get(STOP_KEY)
+    return True
+  except Exception:  # noqa: BLE001 (NOT_FOUND)
+    return False
+
+
+def request_stop() -> None:
+  """Tells every process waiting in `wait_for_key` that the run is over (idempotent)."""
+  try:
+    _client().key_value_set(STOP_KEY, "stop")
+  except Exception:  # noqa: BLE001 (already set)
+    pass
+
+
+# ---- start-up ------------------------------------------------------------------------------------------------
+def detected_process_count() -> int:
+  """How many processes jax's cluster detection sees here (TPU VM pod, GKE, Slurm, ...); 1 when none."""
+  from jax._src.clusters import ClusterEnv
+
+  for env in ClusterEnv._cluster_types:
+    try:
+      if not env.opt_in_only_method and env.is_env_present():
+        return int(env.get_process_count())
+    except Exception:  # noqa: BLE001 (a detector that cannot answer: not that cluster)
+      continue
+  return 1
+
+
+def initialize(coordinator: Optional[str] = None, num_processes: Optional[int] = None,
+               process_id: Optional[int] = None, *, transfer_address: Optional[str] = None,
+               heartbeat_timeout_s: int = 100, init_timeout_s: int = 300) -> bool:
+  """Starts jax's multi-controller runtime when this is one process of many; returns whether it did.
+
+  Explicit: all of `coordinator`, `num_processes`, `process_id`. Otherwise jax's cluster detection decides (it is
+  asked only whether more than one process is there). `transfer_address` (HOST:PORT of this process, reachable by
+  the others) enables cross-host `device_put` on backends without their own (CPU); disaggregated runs need it.
+  Must run before anything touches a jax backend."""
+  given = {"--coordinator": coordinator, "--num-processes": num_processes, "--process-id": process_id}
+  if any(v is not None for v in given.values()):
+    missing = [k for k, v in given.items() if v is None]
+    if missing:
+      raise DistributedError(f"multi-process: {', '.join(missing)} missing (give --coordinator, --num-processes and "
+                             "--process-id together, or none of them on a cluster jax detects)")
+    if not 0 <= process_id < num_processes:
+      raise DistributedError(f"--process-id {process_id} is not in [0, --num-processes={num_processes})")
+    if num_processes == 1:
+      return False
+  elif detected_process_count() <= 1:
+    return False
+  if jax.config.jax_platforms in (None, "", "cpu") or "cpu" in str(jax.config.jax_platforms):
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  if transfer_address:
+    jax.config.update("jax_cross_host_transfer_socket_address", transfer_address)
+  jax.distributed.initialize(coordinator, num_processes, process_id, initialization_timeout=init_timeout_s,
+                             heartbeat_timeout_seconds=heartbeat_timeout_s)
+  Watchdog().start()
+  return True
+
+
+def _client():
+  from jax._src import distributed as jax_distributed
+
+  return jax_distributed.global_state.client
+
+
+def abort(text: str, code: int = 1) -> None:
+  """Records this process's failure for the others (their Watchdog prints `text` and exits), then exits `code`
+  without waiting for jax's shutdown barrier (the peers may be blocked in a collective)."""
+  if jax.process_count() > 1:
+    try:
+      _client().key_value_set(ABORT_KEY, f"{code}\nprocess {jax.process_index()}: {text}")
+    except Exception:  # noqa: BLE001 (another process aborted first: the key is set)
+      pass
+  sys.stderr.write(text if text.endswith("\n") else text + "\n")
+  sys.stderr.flush()
+  os._exit(code)
+
+
+def aborted() -> Optional[str]:
+  """The abort record ("status\nprocess i: text") when some process has failed, else None (one key-value read)."""
+  try:
+    return _client().key_value_try_get(ABORT_KEY)
+  except Exception:  # noqa: BLE001 (NOT_FOUND)
+    return None
+
+
+class Watchdog(threading.Thread):
+  """Waits for an abort record; on one, prints it and exits this process with the failed one's status. Stopped (and joined) at
+  interpreter exit, before jax shuts its client down: a thread still inside a key-value wait then would abort."""
+
+  def __init__(self):
+    super().__init__(name="scalerl-watchdog", daemon=True)
+    self._done = threading.Event()
+
+  def start(self) -> None:
+    super().start()
+    atexit.register(self.stop)
+
+  def stop(self) -> None:
+    self._done.set()
+    self.join(timeout=5)
+
+  def run(self) -> None:
+    client = _client()
+    while not self._done.is_set():
+      try:
+        text = client.blocking_key_value_get(ABORT_KEY, _POLL_MS)
+      except Exception as exc:  # noqa: BLE001
+        if "DEADLINE_EXCEEDED" in str(exc):
+          continue
+        return  # the coordination service is gone: jax's own error handling ends the process
+      code, _, text = text.partition("\n")
+      sys.stderr.write(f"stopping process {jax.process_index()}: another process failed.\n{text}\n")
+      sys.stderr.flush()
+      os._exit(int(code) if code.isdigit() else 1)
+
+
+def code_version() -> str:
+  """sha256 of the package's source files: processes running different code must not share a run."""
+  digest = hashlib.sha256()
+  root = pathlib.Path(__file__).resolve().parent
+  for path in sorted(root.rglob("*.py")):
+    digest.update(str(path.relative_to(root)).encode())
+    digest.update(path.read_bytes())
+  return digest.hexdigest()[:16]
+
+
+def check_same_everywhere(record: dict[str, str]) -> None:
+  """Every process must hold the same `record` (the config as YAML, the code version); otherwise DistributedError
+  names each process and what differs from process 0's (for text, the first differing lines)."""
+  records = gather_json(record)
+  bad = []
+  for i, r in enumerate(records):
+    for k in record:
+      mine, first = str(r.get(k)), str(records[0].get(k))
+      if mine != first:
+        lines = [f"{a.strip()!r} vs {b.strip()!r}" for a, b in zip(first.splitlines(), mine.splitlines()) if a != b]
+        bad.append(f"process {i}: {k} differs from process 0's ({'; '.join(lines[:3]) or 'lengths differ'})")
+  if bad:
+    raise DistributedError("processes disagree (the same config, overrides and code on every process?): " +
+                           "; ".join(bad))
+
+
+# ---- roles -----------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  """Who trains and who generates. `generator_processes` = 0: every process does both (colocated); n > 0: the last
+  n processes generate, the others train (disaggregated)."""
+  process_index: int = 0
+  process_count: int = 1
+  generator_processes: int = 0
+
+  @classmethod
+  def current(cls, generator_processes: int = 0) -> "Topology":
+    n = jax.process_count()
+    if generator_processes and n == 1:
+      raise DistributedError(f"mesh.generator_processes={generator_processes} needs a multi-process run (this is "
+                             "one process); use mesh.generator_devices to split one process's devices")
+    if generator_processes >= n:
+      raise DistributedError(f"mesh.generator_processes={generator_processes} leaves no trainer among {n} processes")
+    return cls(jax.process_index(), n, generator_processes)
+
+  @property
+  def disaggregated(self) -> bool:
+    return self.generator_processes > 0
+
+  @property
+  def trainers(self) -> list[int]:
+    return list(range(self.process_count - self.generator_processes))
+
+  @property
+  def generators(self) -> list[int]:
+    return list(range(self.process_count - self.generator_processes, self.process_count)) if self.disaggregated \
+        else list(range(self.process_count))
+
+  @property
+  def trains(self) -> bool:
+    return self.process_index in self.trainers
+
+  @property
+  def generates(self) -> bool:
+    return self.process_index in self.generators
+
+  def devices_of(self, processes: Sequence[int]) -> list:
+    return [d for d in jax.devices() if d.process_index in set(processes)]
+
+
+def split_for(topology: Topology, generator_devices: int) -> tuple[list, list]:
+  """(trainer devices: global, generator devices: this process's). One process: `mesh.split_devices`. Colocated:
+  the trainer mesh spans every process (less each one's last `generator_devices`), each generator its own
+  process's devices (those last ones, or all of them, shared). Disaggregated: the trainer processes' devices, and
+  this process's own (a generator's slice; on a trainer, its evaluation engine)."""
+  from scalerl_jax.mesh import MeshError, split_devices
+
+  if topology.process_count == 1:
+    return split_devices(generator_devices)
+  local = jax.local_devices()
+  if topology.disaggregated:
+    if generator_devices:
+      raise MeshError(f"mesh.generator_devices={generator_devices} splits each process's devices; with "
+                      "mesh.generator_processes the generators are whole processes: leave it 0")
+    return topology.devices_of(topology.trainers), local
+  if generator_devices == 0:
+    return list(jax.devices()), local
+  if generator_devices >= len(local):
+    raise MeshError(f"mesh.generator_devices={generator_devices} leaves no trainer device out of this process's "
+                    f"{len(local)}")
+  trainer = [d for p in range(topology.process_count) for d in topology.devices_of([p])[:-generator_devices]]
+  return trainer, local[-generator_devices:]
+
+
+# ---- arrays ----------------------------------------------------------------------------------------------------
+def from_global(tree: Any, shardings: Any) -> Any:
+  """Host numpy leaves holding the whole array (the same on every process that calls this) -> global arrays with
+  `shardings`, each process supplying only the shards its own devices hold (None leaves stay None)."""
   def one(x, sharding):
     x = np.asarray(x)
-    return jax.make_array_from_process_local_data(sharding, x, (x.shape[0] * count,) + x.shape[1:])
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
-  return jax.tree.map(one, local_tree, shardings)
+  return jax.tree.map(one, tree, shardings)
 
 
-def gather_json(record: Any) -> list[Any]:
-  """[record of process 0, record of process 1, ...]: every process gets every process's JSON-able record."""
-  if jax.process_count() == 1:
+def _first_devices(processes: Sequence[int]) -> list:
+  first = {}
+  for d in jax.devices():
+    first.setdefault(d.process_index, d)
+  return [first[p] for p in processes]
+
+
+def _allgather_array(x: np.ndarray, processes: Sequence[int]) -> np.ndarray:
+  """[len(processes), *x.shape]: each listed process's `x` (same shape everywhere), through one jitted gather on
+  a mesh of their first devices."""
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+  mesh = Mesh(np.array(_first_devices(processes)), ("p",))
+  stacked = jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec("p")), x[None],
+                                                   (len(processes),) + x.shape)
+  out = _gather_fn(mesh)(stacked)
+  return np.asarray(out.addressable_data(0))
+
+
+@functools.lru_cache(maxsize=16)
+def _gather_fn(mesh):
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  return jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+
+def _allgather_bytes(blob: bytes, processes: Sequence[int]) -> list[bytes]:
+  data = np.frombuffer(blob, np.uint8)
+  lengths = _allgather_array(np.array([data.size], np.int64), processes).reshape(-1)
+  size = 1 << max(int(lengths.max()) - 1, 0).bit_length()  # a power of two: few distinct shapes to compile
+  padded = np.zeros(size, np.uint8)
+  padded[:data.size] = data
+  blobs = _allgather_array(padded, processes)
+  return [bytes(b[:n]) for b, n in zip(blobs, lengths)]
+
+
+def allgather(record: Any, processes: Optional[Sequence[int]] = None) -> list[Any]:
+  """[record of each process in `processes` (default: all), in order] for any picklable record: a collective
+  among those processes (each calls it, in the same order)."""
+  processes = list(range(jax.process_count())) if processes is None else list(processes)
+  if len(processes) == 1:
     return [record]
-  from jax.experimental import multihost_utils
+  blobs = _allgather_bytes(pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL), processes)
+  return [pickle.loads(b) for b in blobs]
 
-  blob = np.frombuffer(json.dumps(record, sort_keys=True).encode(), np.uint8)
-  lengths = multihost_utils.process_allgather(np.array([blob.size], np.int64)).reshape(-1)
-  padded = np.zeros(int(lengths.max()), np.uint8)
-  padded[:blob.size] = blob
-  blobs = multihost_utils.process_allgather(padded).reshape(len(lengths), -1)
-  return [json.loads(bytes(b[:n]).decode()) for b, n in zip(blobs, lengths)]
+
+def gather_json(record: Any, processes: Optional[Sequence[int]] = None) -> list[Any]:
+  """[record of each process in `processes` (default: all)] for a JSON-able record, on every one of them."""
+  processes = list(range(jax.process_count())) if processes is None else list(processes)
+  if len(processes) == 1:
+    return [record]
+  return [json.loads(b.decode()) for b in _allgather_bytes(json.dumps(record, sort_keys=True).encode(), processes)]
+
+
+# ---- messages between processes ------------------------------------------------------------------------------
+class Channel:
+  """Ordered point-to-point messages between processes: `send(dst, tag, tree)` / `recv(src, tag)` with trees of
+  numpy or jax arrays (`send_obj` / `recv_obj`: any picklable object). Both sides call in the same order per
+  (src, dst, tag). Each transfer's bytes and seconds are kept in `last`."""
+
+  def __init__(self, prefix: str = "scalerl_jax/msg"):
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    self.prefix = prefix
+    self._seq: dict[tuple[int, int, str], int] = {}
+    processes = range(jax.process_count())
+    self._one = {p: NamedSharding(Mesh(np.array([d]), ("x",)), PartitionSpec())
+                 for p, d in zip(processes, _first_devices(processes))}
+    self.last = {"bytes": 0, "seconds": 0.0}
+
+  def _key(self, src: int, dst: int, tag: str) -> str:
+    n = self._seq.get((src, dst, tag), 0)
+    self._seq[(src, dst, tag)] = n + 1
+    return f"{self.prefix}/{src}-{dst}/{tag}/{n}"
+
+  def send(self, dst: int, tag: str, tree: Any) -> None:
+    me = jax.process_index()
+    key = self._key(me, dst, tag)
+    t0 = time.perf_counter()
+    leaves, treedef = jax.tree.flatten(tree)
+    src = [jax.device_put(x, self._one[me]) for x in leaves]
+    header = {"shapes": [list(x.shape) for x in src], "dtypes": [str(x.dtype) for x in src]}
+    _client().key_value_set(key, json.dumps(header))
+    jax.block_until_ready(jax.device_put(src, [self._one[dst]] * len(src)))
+    self.last = {"bytes": int(sum(x.nbytes for x in src)), "seconds": time.perf_counter() - t0}
+
+  def recv(self, src: int, tag: str, treedef_like: Any = None) -> list:
+    """The leaves of the message (a list of arrays on this process's first device), or the tree `treedef_like`
+    describes (a tree with the same structure, e.g. the sender's)."""
+    me = jax.process_index()
+    key = self._key(src, me, tag)
+    header = json.loads(wait_for_key(key))
+    t0 = time.perf_counter()
+    handles = [jax.make_array_from_single_device_arrays(tuple(s), self._one[src], [], dtype=np.dtype(d))
+               for s, d in zip(header["shapes"], header["dtypes"])]
+    out = jax.block_until_ready(jax.device_put(handles, [self._one[me]] * len(handles)))
+    _client().key_value_delete(key)
+    self.last = {"bytes": int(sum(x.nbytes for x in out)), "seconds": time.perf_counter() - t0}
+    if treedef_like is not None:
+      return jax.tree.unflatten(jax.tree.structure(treedef_like), out)
+    return out
+
+  def send_obj(self, dst: int, tag: str, obj: Any) -> None:
+    self.send(dst, tag, [np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)])
+
+  def recv_obj(self, src: int, tag: str) -> Any:
+    (blob,) = self.recv(src, tag)
+    return pickle.loads(np.asarray(blob).tobytes())
+
+
+def wait_for_key(key: str) -> str:
+  """The value of `key` once some process sets it. Waits as long as it takes (a peer may be busy for minutes),
+  but in bounded polls: a failed process's abort record ends the wait (the Watchdog exits this process), and the
+  trainers' stop record raises Stopped."""
+  client = _client()
+  while True:
+    try:
+      return client.blocking_key_value_get(key, _POLL_MS)
+    except Exception as exc:  # noqa: BLE001
+      if "DEADLINE_EXCEEDED" not in str(exc):
+        raise
+    if stop_requested():
+      raise Stopped(key)
+    if aborted() is not None:
+      time.sleep(5)  # the Watchdog is exiting this process
+
+
+def barrier(name: str, timeout_s: int = 600) -> None:
+  """Every process waits here until all have arrived (the coordination service's barrier)."""
+  if jax.process_count() > 1:
+    _client().wait_at_barrier(name, timeout_s * 1000)

@@ -3,7 +3,8 @@
 Off unless the environment variable SCALERL_FAULTS is set, and then a dictionary lookup per call. Its value is a
 comma-separated list of `NAME@N` (SIGKILL this process the N-th time `point(NAME)` is reached) or
 `NAME@N+MS` (the N-th time, arm a timer that SIGKILLs it MS milliseconds later, wherever it then is: a kill *during*
-the work that follows the point, e.g. inside a checkpoint write). A test chooses N and MS from a seed.
+the work that follows the point, e.g. inside a checkpoint write), or `NAME@N!` (the N-th time, raise
+InjectedFault there: a bug in that place, as the multi-process tests need). A test chooses N and MS from a seed.
 
 The points (grep `faults.point`): warm_start_step, rollout_step, train_step, weight_sync, checkpoint_save,
 evaluate, step_end.
@@ -19,10 +20,18 @@ import threading
 ENV = "SCALERL_FAULTS"
 
 
+class InjectedFault(RuntimeError):
+  """Raised by a `NAME@N!` failpoint."""
+
+
 def _parse(spec: str) -> dict[str, tuple[int, float]]:
+  """{name: (count, delay in s)}; delay -1 = raise instead of kill."""
   out = {}
   for item in filter(None, (s.strip() for s in spec.split(","))):
     name, _, when = item.partition("@")
+    if when.endswith("!"):
+      out[name] = (int(when[:-1] or 1), -1.0)
+      continue
     count, _, delay = when.partition("+")
     out[name] = (int(count or 1), float(delay) / 1000.0 if delay else 0.0)
   return out
@@ -47,7 +56,9 @@ def point(name: str) -> None:
   count, delay = _PLAN[name]
   if hit != count:
     return
-  if delay <= 0:
+  if delay < 0:
+    raise InjectedFault(f"failpoint {name} (hit {hit}, {ENV})")
+  if delay == 0:
     _kill()
   timer = threading.Timer(delay, _kill)
   timer.daemon = True

@@ -123,8 +123,12 @@ class MeshConfig:
   # Devices split off (from the end of jax.devices()) for the generators. 0 = colocated: generators share the
   # trainer's devices and the two alternate.
   generator_devices: int = 0
-  # Generator (rollout) mesh over those devices; no FSDP axis in the rollout layout.
+  # Generator (rollout) mesh over those devices; no FSDP axis in the rollout layout. In a multi-process run each
+  # process's generator is its own slice over its local devices (the last generator_devices of them, or all).
   generator_spec: str = "data=-1,tensor=1"
+  # Multi-process runs: 0 = colocated (every process trains and generates); n > 0 = disaggregated (the last n
+  # processes only generate, the others only train; weights and rollouts cross between them).
+  generator_processes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,6 +306,10 @@ class CheckpointConfig:
 class LoggingConfig:
   tensorboard: bool = True
   progress: bool = True
+  # multi-process runs: every process, not only process 0, writes its own metrics (metrics.process<i>.jsonl; a
+  # disaggregated generator: weights.process<i>.jsonl, the checksum of every weight version it received) and the
+  # trainer logs pipeline/weight_checksum, to compare what each process computed
+  every_process: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -126,6 +126,7 @@ def validate(cfg: RunConfig) -> RunConfig:
          f"must be at most the training pool, data.num_train={d.num_train}")
     need(w.lr > 0, "warm_start.lr", "must be positive")
   need(cfg.mesh.generator_devices >= 0, "mesh.generator_devices", "must be >= 0")
+  need(cfg.mesh.generator_processes >= 0, "mesh.generator_processes", "must be >= 0")
   for key, value in _floats(cfg):
     if not math.isfinite(value):
       errors.append(f"{key}: must be a finite number (got {value!r})")

@@ -29,7 +29,7 @@ import dataclasses
 import pathlib
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 
@@ -40,7 +40,7 @@ from scalerl_jax.data.npr import NPRState
 from scalerl_jax.data.prompt_stream import PromptsExhausted, encode_records, make_prompt_stream
 from scalerl_jax.data.tasks import make_task
 from scalerl_jax.data.tokenizer import make_tokenizer
-from scalerl_jax.mesh import ROLLOUT_AXES, ROLLOUT_RULES, TRAIN_RULES, Layout, make_mesh, split_devices
+from scalerl_jax.mesh import ROLLOUT_AXES, ROLLOUT_RULES, TRAIN_RULES, Layout, make_mesh
 from scalerl_jax.model import flops_per_token, make_policy
 from scalerl_jax.pipeline import step_metrics
 from scalerl_jax.pipeline.batching import build_train_batch, pack_groups, warm_prepare
@@ -51,19 +51,16 @@ from scalerl_jax.pipeline.interrupts import Interrupts
 from scalerl_jax.pipeline.orchestrator import (AdmissionPolicy, BatchBuffer, GeneratorStats, GeneratorThread,
                                                PipelineError, run_pipeline, run_synchronous)
 from scalerl_jax.pipeline.sinks import MetricsLogger, ProgressBar
-from scalerl_jax.pipeline.weight_sync import WeightSync, to_rollout_layout
+from scalerl_jax.pipeline.weight_sync import WeightSync, local_replica, place, to_rollout_layout
 from scalerl_jax.rewards import make_reward_runner
 from scalerl_jax.rollout.driver import RolloutDriver
 from scalerl_jax.rollout.engine import Engine
-from scalerl_jax.train.checkpoint import ResumeError, RunCheckpointer, config_fingerprint
+from scalerl_jax.train.checkpoint import ResumeError, RunCheckpointer, config_fingerprint, params_checksum
 from scalerl_jax.train.rl_loss import PromptLayout, make_rl_loss
 from scalerl_jax.train.run_lock import RunLock
 from scalerl_jax.train.state import TrainState, init_train_state, make_optimizer, restore_target, state_shardings
 from scalerl_jax.train.step import NonFiniteError, make_train_step
 from scalerl_jax.train.warmstart import warm_start
-
-
-_PROCESS_SEED_STRIDE = 1_000_003  # driver seed of process i: seed + i * stride (distinct sample streams)
 
 
 class RLJob:
@@ -82,10 +79,17 @@ class RLJob:
       self.run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
       raise ConfigError(f"run_dir: cannot create {self.run_dir} ({exc.strerror or exc})") from None
-    trainer_devices, gen_devices = split_devices(cfg.mesh.generator_devices)
+    # processes: who trains, who generates (one process: both); every process must run the same config and code
+    self.topology = topo = distributed.Topology.current(cfg.mesh.generator_processes)
+    self.is_main = jax.process_index() == 0  # logs, metrics, progress, config.yaml, the run-directory lock
+    if topo.process_count > 1:
+      distributed.check_same_everywhere({"config": to_yaml(cfg), "code": distributed.code_version()})
+    trainer_devices, gen_devices = distributed.split_for(topo, cfg.mesh.generator_devices)
     self.trainer_layout = Layout(make_mesh(cfg.mesh.spec, trainer_devices), TRAIN_RULES)
     self.generator_layout = Layout(make_mesh(cfg.mesh.generator_spec, gen_devices, ROLLOUT_AXES), ROLLOUT_RULES)
-    self.shapes = s = types.StepShapes.from_config(cfg, jax.process_count())
+    self.shapes = s = types.StepShapes.from_config(cfg)  # the whole step batch: every trainer process holds it
+    # this process's shard of the prompt stream (a disaggregated trainer draws none; its cursor keeps NPR only)
+    shard = ((topo.generators.index(topo.process_index), len(topo.generators)) if topo.generates else (0, 1))
     self.policy = make_policy(cfg.model)
     # prompts -> rollouts -> rewards
     self.tokenizer = make_tokenizer(d, vocab_size=cfg.model.vocab_size)
@@ -93,20 +97,24 @@ class RLJob:
     self.task = make_task(d)
     npr = NPRState(d.npr)
     self.cursor = DataCursor(make_prompt_stream(self.task, d, self.tokenizer, s.L, npr=npr,
-                                                process_index=jax.process_index(),
-                                                process_count=jax.process_count()), npr,
+                                                process_index=shard[0], process_count=shard[1]), npr,
                              max_lag=AdmissionPolicy.from_config(cfg.pipeline.mode, cfg.pipeline.max_lag).k)
     self.rewards = make_reward_runner(d, self.task.reward, sandbox=cfg.sandbox)
     it = r.interruption
     self.engine = Engine(self.policy, r, self.generator_layout.mesh, rules=self.generator_layout.rules,
                          stop_ids=list(self.tokenizer.eos_ids), phrase_ids=self.tokenizer.encode(it.phrase),
                          end_marker_ids=self.tokenizer.encode(it.end_marker))
-    # each process draws its own random streams (one process: the run's seed itself)
-    self.driver = RolloutDriver(self.engine, seed=cfg.seed + _PROCESS_SEED_STRIDE * jax.process_index())
+    # a sample's random stream is keyed by its prompt's position in the whole stream (uid), whichever process
+    # generates it: a run gives the same rollouts on any number of processes
+    self.driver = RolloutDriver(self.engine, seed=cfg.seed, uid_stride=shard[1], uid_offset=shard[0])
+    self._prompts_here = d.prompts_per_step // shard[1]
     p = cfg.pipeline
     self.evaluator = Evaluator(RolloutDriver(self.engine, seed=cfg.seed), self.tokenizer, self.rewards,
                                encode_records(self.task.eval_records(), self.tokenizer, s.L, d.long_prompts)[0],
-                               p.eval_samples, p.eval_temperature, seed=cfg.seed + 1)
+                               p.eval_samples, p.eval_temperature, seed=cfg.seed + 1,
+                               shard=(topo.trainers.index(topo.process_index), len(topo.trainers))
+                               if topo.trains else (0, 1),
+                               gather=lambda record: distributed.allgather(record, topo.trainers))
     # loss -> update
     self.optimizer = make_optimizer(cfg.optimizer)
     self.state_sh = state_shardings(self.policy, self.optimizer, self.trainer_layout)
@@ -123,8 +131,14 @@ class RLJob:
     self.trained_tokens = self.prompt_layout.trained_tokens(s.B) if self.prompt_layout else s.B * s.T
     self._flops_per_token = lambda backward: flops_per_token(cfg.model, s.T // 2, backward=backward)
     self.admission = AdmissionPolicy.from_config(cfg.pipeline.mode, cfg.pipeline.max_lag)
-    self.ckpt = RunCheckpointer(self.run_dir / "checkpoints", cfg.checkpoint.keep)
-    self.meter = ComputeMeter(len(gen_devices), len(trainer_devices), cfg.mesh.generator_devices == 0)
+    self.ckpt = (RunCheckpointer(self.run_dir / "checkpoints", cfg.checkpoint.keep,
+                                 topo.trainers if topo.disaggregated else None) if topo.trains else None)
+    self.meter = ComputeMeter(len(gen_devices) * len(topo.generators), len(trainer_devices),
+                              cfg.mesh.generator_devices == 0 and not topo.disaggregated)
+    # disaggregated: messages between the trainers and the generators, what the generators last reported
+    self.channel = distributed.Channel() if topo.disaggregated else None
+    self.remote: dict[str, Any] = {}
+    self.on_record: Optional[Callable[[int, Sequence[str], Sequence[float], bool], None]] = None
     self.state: Optional[TrainState] = None
     self.start_step = self.version = 0
     self.sync: Optional[WeightSync] = None
@@ -151,12 +165,13 @@ class RLJob:
   def setup(self) -> None:
     """Take the run directory (one live run per directory), then resume from its latest intact checkpoint or
     warm-start a fresh run; compile the step."""
-    self._lock = RunLock(self.run_dir).acquire()
+    self._lock = RunLock(self.run_dir).acquire() if self.is_main else None
     try:
       self.ckpt.remove_orphans()  # temporary directories of a write a kill cut short (only we write here now)
       self._setup()
     except BaseException:
-      self._lock.release()
+      if self._lock is not None:
+        self._lock.release()
       raise
 
   def _setup(self) -> None:
@@ -167,10 +182,16 @@ class RLJob:
     if found is not None:
       _, self.state, meta = found
       data_states = meta.get("data_states") or [meta["data"]]  # "data": written before per-process states
-      if len(data_states) != jax.process_count():
-        raise ResumeError(f"checkpoint {latest} holds the data state of {len(data_states)} processes; this run has "
-                          f"{jax.process_count()}: resume with as many processes as wrote it")
-      self.cursor.restore(data_states[jax.process_index()], meta["npr"])
+      readers = len(self.topology.generators)
+      if len(data_states) != readers:
+        raise ResumeError(f"checkpoint {latest} holds the data state of {len(data_states)} prompt-reading processes; "
+                          f"this run has {readers}: resume with as many processes (and mesh.generator_processes) "
+                          "as wrote it")
+      if self.topology.disaggregated:  # the generators read the prompts: their states go to them at start
+        self.remote["data_states"] = data_states
+        self.cursor.npr.load_state_dict(meta["npr"])
+      else:
+        self.cursor.restore(data_states[jax.process_index()], meta["npr"])
       self.rewards.load_state(meta.get("rewards", self.rewards.state()))
       self.meter.load_state(meta["compute"])
       self.start_step = int(meta["step"])
@@ -189,21 +210,29 @@ class RLJob:
                                   progress=self.progress)
         self.summary.update(info)
       self.state = init_train_state(self.policy, self.optimizer, self.trainer_layout, self.cfg.seed, params)
-      (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
+      if self.is_main:
+        (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
     self.version = self.start_step
     # samples of batch b draw from keys derived from their admission number: continue the numbering on resume
-    self.driver.first_uid = self.start_step * self.cfg.data.prompts_per_step
+    self.driver.first_uid = self.start_step * self._prompts_here
     abstract_batch = types.TrainBatch.abstract(self.shapes.global_B, self.shapes.T, self.batch_sh,
                                                self.engine.routes_Xk)
     self._step_fn = self.train_step.lower(self.state, abstract_batch).compile()  # before the loop, not in it
     warm_prepare(self.shapes, self.cfg.loss)
-    logger = MetricsLogger(self.run_dir, self.cfg.logging.tensorboard,
-                           resume_step=self.start_step if latest is not None else None)
-    bar = ProgressBar(self.progress, self.cfg.pipeline.steps, self.start_step, f"RL ({self.cfg.pipeline.mode})")
-    advise = (step_metrics.TargetAdvisor(self.cfg.curve_fit, self.run_dir) if self.cfg.curve_fit.target is not None
-              else None)
+    every = self.cfg.logging.every_process
+    logger = MetricsLogger(self.run_dir, self.cfg.logging.tensorboard and self.is_main,
+                           resume_step=self.start_step if latest is not None else None,
+                           enabled=self.is_main or every, suffix="" if self.is_main else f".process{jax.process_index()}")
+    bar = ProgressBar(self.progress and self.is_main, self.cfg.pipeline.steps, self.start_step,
+                      f"RL ({self.cfg.pipeline.mode})")
+    advise = (step_metrics.TargetAdvisor(self.cfg.curve_fit, self.run_dir)
+              if self.cfg.curve_fit.target is not None and self.is_main else None)
     self.log = step_metrics.StepLog(logger, bar, self.meter, self.evaluate, advise)
-    self.sync = WeightSync(self.engine.param_shardings, self.state.params, self.version)
+    topo = self.topology
+    self.sync = WeightSync(
+        self.engine.param_shardings, self.state.params, self.version,
+        trainer_mesh=self.trainer_layout.mesh if topo.process_count > 1 else None, channel=self.channel,
+        send_to=topo.generators if topo.disaggregated and self.is_main else ())
 
   # ---- one step (trainer thread; `score` is also called by the generator thread) --------------------------
   def score(self, groups: Sequence[types.RolloutGroup]) -> list[types.ScoredGroup]:
@@ -213,12 +242,17 @@ class RLJob:
     """Train step `batch.index` on a complete batch; publish weights; log; evaluate and checkpoint on schedule."""
     t0 = time.perf_counter()
     cfg, step = self.cfg, batch.index
+    if self.topology.process_count > 1 and not self.topology.disaggregated:  # every process's groups, in order
+      parts = distributed.allgather((batch.groups, self.rewards.metrics(), self.cursor.stream.metrics()))
+      batch = types.ScoredBatch(step, tuple(g for groups, _, _ in parts for g in groups))
+      self.remote.update(reward_metrics=[r for _, r, _ in parts],
+                         data_metrics=step_metrics.merge_counters([d for _, _, d in parts]))
     packed = pack_groups(batch.groups, self.shapes.T, self.tokenizer.pad_id)
     self.admission.check(step, packed.versions_BT)
     train_batch, prepare_metrics = build_train_batch(packed, cfg.loss, self.prompt_layout)
     t_train = time.perf_counter()
     faults.point("train_step")
-    self.state, device_metrics = self._step_fn(self.state, distributed.to_global(train_batch, self.batch_sh))
+    self.state, device_metrics = self._step_fn(self.state, distributed.from_global(train_batch, self.batch_sh))
     jax.block_until_ready(self.state.params)  # dispatch is asynchronous: wait, so train time is the step's own
     train_s = time.perf_counter() - t_train
     self.version = step + 1
@@ -226,14 +260,23 @@ class RLJob:
     self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
     # NPR hears of this step before the new version is published: a generator that may then draw batch
     # step + 1 + k (and filter a new epoch as of step + 1) must find this step's solves recorded
-    data_metrics = self.cursor.record(step, packed.prompt_ids, [g.pass_rate for g in batch.groups])
+    pass_rates = [g.pass_rate for g in batch.groups]
+    data_metrics = {**self.cursor.record(step, packed.prompt_ids, pass_rates), **self.remote.get("data_metrics", {})}
+    if self.on_record is not None:  # disaggregated: the generators record the same, then take the new weights
+      self.on_record(step, packed.prompt_ids, pass_rates, self.admission.publishes(self.version))
     if self.admission.publishes(self.version):
       faults.point("weight_sync")
       self.sync.publish(self.state.params, self.version)
     sync_s = self.sync.last_seconds if self.admission.publishes(self.version) else 0.0
     self._flush()  # the previous step's device metrics are ready by now: read them one step late
     host = step_metrics.host_metrics(batch, packed, prepare_metrics, data_metrics, sync_s, wait_s, self.version)
-    host.update(self.rewards.metrics())  # totals: calls, errors, timeouts, killed workers, failure rate
+    if self.topology.process_count > 1:
+      host["pipeline/weight_sync_bytes"] = self.sync.last_bytes if self.admission.publishes(self.version) else 0
+      if cfg.logging.every_process:
+        host["pipeline/weight_checksum"] = params_checksum(self.state.params)
+    # totals: calls, errors, timeouts, killed workers, failure rate (of every process that scores)
+    host.update(step_metrics.merge_counters(self.remote["reward_metrics"]) if "reward_metrics" in self.remote
+                else self.rewards.metrics())
     self.meter.count_tokens(host["rollout/tokens"], self.trained_tokens, self._flops_per_token)
     self.log.hold(types.StepRecord(step, device_metrics, host, self.trained_tokens / train_s,
                                    time.perf_counter() - t0 + wait_s, wait_s))
@@ -245,6 +288,9 @@ class RLJob:
       self._flush()  # the metrics of every step a checkpoint covers are written before it
       self.checkpoint()
     faults.point("step_end")
+    stop = self._interrupt.is_set()
+    if len(self.topology.trainers) > 1:  # a signal that reached some processes stops them all at this step
+      stop = any(distributed.allgather(stop, self.topology.trainers))
     if self._skipped_in_a_row >= cfg.trainer.max_skipped_steps:
       self._flush()
       if self.ckpt.latest_step() != self.version:  # the params are those before the skipped steps: usable
@@ -254,7 +300,7 @@ class RLJob:
           f"skipped (trainer.max_skipped_steps={cfg.trainer.max_skipped_steps}); the run stopped with a checkpoint "
           f"of the last good params at step {self.version}. Lower optimizer.lr, check the rewards (metrics.jsonl "
           f"train/skipped), then resume")
-    return not self._interrupt.is_set()
+    return not stop
 
   def _flush(self, evaluate: bool = False) -> None:
     self.log.flush(self._gen_stats, evaluate)
@@ -265,17 +311,24 @@ class RLJob:
     faults.point("evaluate")
     params, published = self.weights.latest()
     if published != self.version:  # PPO-off-policy-k publishes every k steps: score the trainer's own params
-      params = to_rollout_layout(self.state.params, self.engine.param_shardings)
+      params = self._rollout_copy(self.state.params)
     out = self.evaluator.evaluate(params, self.version)
     self._last_eval_step = self.version
     self.meter.exclude(out["eval/seconds"])
     return out
 
+  def _rollout_copy(self, params: Any) -> Any:
+    if self.topology.process_count == 1:
+      return to_rollout_layout(params, self.engine.param_shardings)
+    return place(local_replica(params, self.trainer_layout.mesh), self.engine.param_shardings)
+
   def checkpoint(self) -> None:
     """The TrainState of `self.version` plus everything a resume needs to continue the same data order."""
     t0, step = time.perf_counter(), self.version
     data_state, npr_state = self.cursor.state_before(step)
-    meta = {"step": step, "version": step, "seed": self.cfg.seed, "data_states": distributed.gather_json(data_state),
+    data_states = (self.remote["data_states"] if self.topology.disaggregated  # as of batch `step`, from each
+                   else distributed.gather_json(data_state))                 # generator with its batch step - 1
+    meta = {"step": step, "version": step, "seed": self.cfg.seed, "data_states": data_states,
             "npr": npr_state, "compute": self.meter.state(), "rewards": self.rewards.state(),
             "last_eval_step": self._last_eval_step,
             "fingerprint": config_fingerprint(self.cfg),
@@ -302,7 +355,12 @@ class RLJob:
     return self.summary
 
   def run(self) -> dict:
-    """PipelineRL-k / PPO-off-policy-k with the generator on its own thread."""
+    """PipelineRL-k / PPO-off-policy-k with the generator on its own thread (disaggregated processes:
+    pipeline/disaggregated.py)."""
+    if self.topology.disaggregated:
+      from scalerl_jax.pipeline import disaggregated
+      return disaggregated.run_trainer(self) if self.topology.trains else disaggregated.run_generator(self)
+
     def loop():
       stop = threading.Event()
       self._generator = GeneratorThread(
@@ -316,6 +374,9 @@ class RLJob:
 
   def run_sync(self) -> dict:
     """The synchronous reference loop (no threads): generate batch s with params v = s, train, repeat."""
+    if self.topology.disaggregated:
+      raise distributed.DistributedError("--sync runs generation and training in turn on the same processes; with "
+                                         "mesh.generator_processes use pipeline.mode=sync (k = 0) instead")
     return self._run(lambda: run_synchronous(
         driver=self.driver, next_prompts=self.cursor.next_batch, score=self.score, weights=self.weights,
         samples=self.shapes.G, start=self.start_step, end=self.cfg.pipeline.steps, consume=self.consume,

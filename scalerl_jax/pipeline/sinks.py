@@ -23,17 +23,23 @@ def _jsonable(v: Any) -> Any:
 
 
 class MetricsLogger:
+  """`enabled=False` (every process of a multi-process run but process 0) writes nothing; `suffix` names another
+  process's own files (metrics<suffix>.jsonl, logging.every_process)."""
 
-  def __init__(self, run_dir: pathlib.Path, tensorboard: bool, resume_step: Optional[int] = None):
-    self.path = run_dir / "metrics.jsonl"
-    self.prompts_path = run_dir / "consumed_prompts.jsonl"
+  def __init__(self, run_dir: pathlib.Path, tensorboard: bool, resume_step: Optional[int] = None,
+               enabled: bool = True, suffix: str = ""):
+    self.path = run_dir / f"metrics{suffix}.jsonl"
+    self.prompts_path = run_dir / f"consumed_prompts{suffix}.jsonl"
+    self.enabled = enabled
+    self._tb = None
+    if not enabled:
+      return
     if resume_step is None:
       for p in (self.path, self.prompts_path):
         p.unlink(missing_ok=True)
     else:  # metrics lines carry the version after the step (<= s survive); prompt lines the batch index (< s)
       self._truncate(self.path, resume_step)
       self._truncate(self.prompts_path, resume_step - 1)
-    self._tb = None
     if tensorboard:
       from tensorboardX import SummaryWriter
       self._tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step)
@@ -53,6 +59,8 @@ class MetricsLogger:
     path.write_text("".join(l + "\n" for l in keep))
 
   def write(self, step: int, metrics: dict) -> None:
+    if not self.enabled:
+      return
     record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}, "time/unix": time.time()}
     with self.path.open("a") as f:
       f.write(json.dumps(record) + "\n")
@@ -62,6 +70,8 @@ class MetricsLogger:
           self._tb.add_scalar(_tb_name(k), v, step)
 
   def write_prompts(self, step: int, prompt_ids: list[str]) -> None:
+    if not self.enabled:
+      return
     with self.prompts_path.open("a") as f:
       f.write(json.dumps({"step": step, "prompt_ids": prompt_ids}) + "\n")
 

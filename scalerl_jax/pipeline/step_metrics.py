@@ -42,6 +42,22 @@ def host_metrics(batch: types.ScoredBatch, packed: types.PackedRows, prepare_met
   }
 
 
+def merge_counters(records: list[dict]) -> dict:
+  """Several processes' reward and data counters (`RewardRunner.metrics`, the prompt stream's) as one run's:
+  counts and times summed, epochs the lowest, the failure rate recomputed from the summed counts."""
+  out: dict = {}
+  for record in records:
+    for k, v in record.items():
+      if k.startswith("data/epoch") and not k.startswith("data/epoch_size"):
+        out[k] = min(out.get(k, v), v)
+      elif isinstance(v, (int, float)):
+        out[k] = out.get(k, 0) + v
+  if "reward/calls" in out:
+    out["reward/failure_rate"] = ((out.get("reward/errors", 0) + out.get("reward/timeouts", 0)) / out["reward/calls"]
+                                  if out["reward/calls"] else 0.0)
+  return out
+
+
 def task_metrics(batch: types.ScoredBatch) -> dict:
   """Mixed tasks: each task's prompts, pass rate and mean completion length in this step's batch
   (train/<task>/...); {} when the prompts carry no task."""

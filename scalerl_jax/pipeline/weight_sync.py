@@ -14,17 +14,27 @@ Ordering contract:
   Admission under the staleness bound (which batch may start with which version) is the orchestrator's part.
 
 Same process, colocated or disjoint devices: `jax.device_put(..., may_alias=False)` into the rollout shardings
-(a copy on the same devices, or a transfer to the generator mesh). Across processes, multi-host weight sync extends
-this module.
+(a copy on the same devices, or a transfer to the generator mesh).
+
+Across processes (the generator mesh is process-local: one inference slice per process):
+  colocated      one jitted identity gathers the params to replicated on the trainer mesh (an all-gather among
+                 the trainer processes, XLA's collectives), then each process copies its local replica into its
+                 generator's rollout shardings;
+  disaggregated  the same gather among the trainer processes, then trainer process 0 sends the replica from its
+                 first device to each generator process's first device (`distributed.Channel`: jax's cross-host
+                 `device_put`), where `WeightReceiver` lays it out in the rollout shardings and publishes it.
+Each sync's seconds and bytes are kept (`last_seconds`, `last_bytes`) and logged per step.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
-from typing import Any
+from typing import Any, Optional, Sequence
 
 import jax
+from jax.sharding import NamedSharding, PartitionSpec
 
 
 def to_rollout_layout(params: Any, shardings: Any) -> Any:
@@ -55,17 +65,78 @@ class WeightBox:
       self._cond.wait_for(lambda: self._version > version, timeout=timeout)
 
 
-class WeightSync:
-  """Copies trainer params into the rollout `shardings` and publishes them to a WeightBox, timing each sync."""
+@functools.lru_cache(maxsize=8)
+def _replicate_fn(mesh):
+  return jax.jit(lambda tree: tree, out_shardings=NamedSharding(mesh, PartitionSpec()))
 
-  def __init__(self, shardings: Any, params: Any, version: int):
-    self.shardings = shardings
-    self.box = WeightBox(to_rollout_layout(params, shardings), version)
+
+def local_replica(params: Any, mesh) -> list:
+  """The leaves of `params` gathered to replicated on `mesh` (a collective among the processes that own its
+  devices: each of them calls this, in the same order), as this process's single-device copies."""
+  full = _replicate_fn(mesh)(params)
+  return [x.addressable_data(0) for x in jax.tree.leaves(full)]
+
+
+def place(leaves: Sequence[Any], shardings: Any) -> Any:
+  """Single-device leaves -> the tree of `shardings` laid out in them (a fresh copy, complete on return)."""
+  tree = jax.tree.unflatten(jax.tree.structure(shardings), list(leaves))
+  return jax.block_until_ready(jax.device_put(tree, shardings, may_alias=False))
+
+
+def _nbytes(tree: Any) -> int:
+  return int(sum(x.nbytes for x in jax.tree.leaves(tree)))
+
+
+class WeightSync:
+  """Copies trainer params into the rollout `shardings` and publishes them to a WeightBox, timing each sync.
+
+  Multi-process: `trainer_mesh` (spanning processes) makes the copy go through `local_replica`; with a `channel`,
+  the replica is also sent to each process in `send_to` (disaggregated generators)."""
+
+  def __init__(self, shardings: Any, params: Any, version: int, *, trainer_mesh=None, channel=None,
+               send_to: Sequence[int] = ()):
+    self.shardings, self.trainer_mesh, self.channel, self.send_to = shardings, trainer_mesh, channel, list(send_to)
     self.last_seconds = 0.0  # wall time of the latest sync (copy + publish)
+    self.last_bytes = 0  # bytes that sync moved to a generator (the rollout copy's own size in one process)
     self.syncs = 0
+    self.box = WeightBox(self._copy(params), version)
+
+  def _copy(self, params: Any) -> Any:
+    if self.trainer_mesh is None:
+      out = to_rollout_layout(params, self.shardings)
+      self.last_bytes = _nbytes(out)
+      return out
+    leaves = local_replica(params, self.trainer_mesh)
+    self.last_bytes = 0
+    for dst in self.send_to:
+      self.channel.send(dst, "weights", leaves)
+      self.last_bytes += self.channel.last["bytes"]
+    return place(leaves, self.shardings) if self.shardings is not None else None
 
   def publish(self, params: Any, version: int) -> None:
     t0 = time.perf_counter()
-    self.box.publish(to_rollout_layout(params, self.shardings), version)
+    self.box.publish(self._copy(params), version)
     self.last_seconds = time.perf_counter() - t0
     self.syncs += 1
+
+
+class WeightReceiver:
+  """A disaggregated generator's end of the weight sync: receives each sync from trainer process `src` and
+  publishes it, laid out in the rollout `shardings`, to its WeightBox."""
+
+  def __init__(self, shardings: Any, channel, src: int):
+    self.shardings, self.channel, self.src = shardings, channel, src
+    self.box: Optional[WeightBox] = None
+    self.last_seconds, self.last_bytes, self.syncs = 0.0, 0, 0
+
+  def fetch(self) -> Any:
+    """The next sync's params, laid out in the rollout shardings (not yet published)."""
+    t0 = time.perf_counter()
+    params = place(self.channel.recv(self.src, "weights"), self.shardings)
+    self.last_bytes, self.last_seconds = self.channel.last["bytes"], time.perf_counter() - t0
+    self.syncs += 1
+    return params
+
+  def receive(self, version: int) -> None:
+    """The next sync, published to the box as `version`."""
+    self.box.publish(self.fetch(), version)

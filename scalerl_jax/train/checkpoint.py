@@ -34,7 +34,7 @@ import shutil
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -156,6 +156,11 @@ def state_digest(state: Any) -> dict[str, int]:
           for path, leaf in jax.tree_util.tree_flatten_with_path(sums)[0]}
 
 
+def params_checksum(tree: Any) -> str:
+  """One hex checksum of a tree of arrays, independent of their sharding and of which processes hold them."""
+  return hashlib.sha256(json.dumps(state_digest(tree), sort_keys=True).encode()).hexdigest()[:16]
+
+
 # ---- describing failures -------------------------------------------------------------------------------
 def _one_line(text: str, limit: int = 300) -> str:
   text = " ".join(str(text).split())
@@ -242,11 +247,21 @@ def _quiet_orbax_aftermath() -> None:
 class RunCheckpointer:
   """Saves and restores whole-run checkpoints in `directory` (one orbax step directory per checkpoint)."""
 
-  def __init__(self, directory: str | pathlib.Path, keep: int):
+  def __init__(self, directory: str | pathlib.Path, keep: int, processes: Optional[Sequence[int]] = None):
+    """`processes`: the processes that hold the train state and write it together (each its own shards; process
+    processes[0] writes the JSON record); None = every process."""
     self.directory = pathlib.Path(directory).absolute()
+    self.processes = list(range(jax.process_count())) if processes is None else list(processes)
+    subset = len(self.processes) < jax.process_count()
+    multiprocessing = ocp.options.MultiprocessingOptions(
+        primary_host=self.processes[0], active_processes=set(self.processes) if subset else None,
+        barrier_sync_key_prefix="scalerl_jax_train" if subset else None)
+    if subset and jax.process_index() == self.processes[0]:
+      self.directory.mkdir(parents=True, exist_ok=True)  # (orbax creates it only when every process takes part)
     self._mgr = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                                             enable_async_checkpointing=False))
+        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=not subset,
+                                                             enable_async_checkpointing=False,
+                                                             multiprocessing_options=multiprocessing))
 
   def latest_step(self) -> Optional[int]:
     return self._mgr.latest_step()
@@ -272,6 +287,10 @@ class RunCheckpointer:
     """Writes checkpoint `step` atomically. On failure the partial directory is removed, the previous checkpoint
     is untouched, and CheckpointError says what happened."""
     meta = {**meta, DIGEST_KEY: state_digest(state)}
+    if jax.process_count() > 1 and all(x.is_fully_addressable for x in jax.tree.leaves(state)):
+      # one trainer process among several (disaggregated): it holds the whole state, and orbax takes arrays held
+      # by one process only as host-local numpy
+      state = jax.device_get(state)
     try:
       self._mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                    meta=ocp.args.JsonSave(meta)), force=True)
@@ -388,7 +407,8 @@ class RunCheckpointer:
   def _set_aside(self, steps: list[int]) -> None:
     """Renames damaged step directories to `<step>.damaged[.n]` (kept for inspection, invisible to orbax)."""
     if jax.process_count() > 1:
-      ocp.multihost.sync_global_processes("scalerl_jax:set_aside_damaged")  # every process is done reading them
+      # every process is done reading them
+      ocp.multihost.sync_global_processes("scalerl_jax:set_aside_damaged", processes=set(self.processes))
     if jax.process_index() == 0:
       for step in steps:
         src, n = self.directory / str(step), 0
@@ -397,7 +417,7 @@ class RunCheckpointer:
         src.rename(dst)
         log.warning("moved the damaged checkpoint %s aside to %s (delete it once inspected)", src, dst)
     if jax.process_count() > 1:
-      ocp.multihost.sync_global_processes("scalerl_jax:set_aside_done")
+      ocp.multihost.sync_global_processes("scalerl_jax:set_aside_done", processes=set(self.processes))
     self._mgr.reload()
 
   def close(self) -> None:
