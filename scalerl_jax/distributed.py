@@ -300,15 +300,27 @@ def _allgather_array(x: np.ndarray, processes: Sequence[int]) -> np.ndarray:
   mesh = Mesh(np.array(_first_devices(processes)), ("p",))
   stacked = jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec("p")), x[None],
                                                    (len(processes),) + x.shape)
-  out = _gather_fn(mesh)(stacked)
+  out = replicate_fn(mesh)(stacked)
   return np.asarray(out.addressable_data(0))
 
 
 @functools.lru_cache(maxsize=16)
-def _gather_fn(mesh):
+def replicate_fn(mesh):
+  """A jitted identity whose outputs are replicated on `mesh`: an all-gather among the processes that own its
+  devices (each of them calls it, in the same order)."""
   from jax.sharding import NamedSharding, PartitionSpec
 
-  return jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, PartitionSpec()))
+  return jax.jit(lambda tree: tree, out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+
+def to_host(tree: Any) -> Any:
+  """numpy copies of a tree of arrays on every process that holds a part of them (jax.device_get, which cannot
+  read arrays spanning other processes' devices, after one gather on their mesh when they do)."""
+  leaves = jax.tree.leaves(tree)
+  if all(x.is_fully_addressable for x in leaves):
+    return jax.device_get(tree)
+  full = replicate_fn(leaves[0].sharding.mesh)(tree)
+  return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), full)
 
 
 def _allgather_bytes(blob: bytes, processes: Sequence[int]) -> list[bytes]:

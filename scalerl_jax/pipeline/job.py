@@ -207,7 +207,7 @@ class RLJob:
                                  rules=self.trainer_layout.rules, max_seq_len=m.max_seq_len).params
       elif self.cfg.warm_start.enabled and self.cfg.data.task != "file":
         params, info = warm_start(self.cfg, self.policy, self.trainer_layout, self.task, self.tokenizer,
-                                  progress=self.progress)
+                                  progress=self.progress and self.is_main)
         self.summary.update(info)
       self.state = init_train_state(self.policy, self.optimizer, self.trainer_layout, self.cfg.seed, params)
       if self.is_main:

@@ -28,13 +28,13 @@ Each sync's seconds and bytes are kept (`last_seconds`, `last_bytes`) and logged
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from typing import Any, Optional, Sequence
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec
+
+from scalerl_jax import distributed
 
 
 def to_rollout_layout(params: Any, shardings: Any) -> Any:
@@ -65,15 +65,10 @@ class WeightBox:
       self._cond.wait_for(lambda: self._version > version, timeout=timeout)
 
 
-@functools.lru_cache(maxsize=8)
-def _replicate_fn(mesh):
-  return jax.jit(lambda tree: tree, out_shardings=NamedSharding(mesh, PartitionSpec()))
-
-
 def local_replica(params: Any, mesh) -> list:
   """The leaves of `params` gathered to replicated on `mesh` (a collective among the processes that own its
   devices: each of them calls this, in the same order), as this process's single-device copies."""
-  full = _replicate_fn(mesh)(params)
+  full = distributed.replicate_fn(mesh)(params)
   return [x.addressable_data(0) for x in jax.tree.leaves(full)]
 
 

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scalerl_jax import faults
+from scalerl_jax import distributed, faults
 from scalerl_jax.config import RunConfig
 from scalerl_jax.types import StepShapes
 from scalerl_jax.mesh import Layout
@@ -94,7 +94,8 @@ def warm_start(cfg: RunConfig, policy: Policy, layout: Layout, task, tokenizer,
                progress: bool = True) -> tuple[Any, dict]:
   """Params after the supervised warm start (from the cache when present) and a summary dict."""
   path = cache_path(cfg, task)
-  if path.exists():
+  # several processes: use the cache only if every one of them sees it (they must all take the same branch)
+  if all(distributed.gather_json(path.exists())):
     params = load_params(policy, path)
     return params, {"warm_start/cached": 1.0, "warm_start/path": str(path)}
 
@@ -136,10 +137,11 @@ def warm_start(cfg: RunConfig, policy: Policy, layout: Layout, task, tokenizer,
   if pass_rate < ws.target_pass_rate:
     log.warning("warm start reached pass rate %.3f < target %.3f after %d steps", pass_rate, ws.target_pass_rate,
                 ws.max_steps)
-  params = jax.device_get(state.params)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(".tmp")
-  save_params(params, tmp)
-  tmp.replace(path)
+  params = distributed.to_host(state.params)
+  if jax.process_index() == 0:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_params(params, tmp)
+    tmp.replace(path)
   return params, {"warm_start/cached": 0.0, "warm_start/steps": step, "warm_start/pass_rate": pass_rate,
                   "warm_start/seconds": time.perf_counter() - t0, "warm_start/path": str(path)}
