@@ -219,7 +219,7 @@ def _run(model_name, data, likelihood, fit_r0, num_warmup, num_samples, num_chai
   keys = jax.random.split(jax.random.PRNGKey(seed), num_chains)
   runs = [_nuts_chain(k, data, model_name=model_name, likelihood=likelihood, fit_r0=fit_r0,
                       num_warmup=num_warmup, num_samples=num_samples) for k in keys]
-  keep = ("A", "B", "C_mid", "R0", "sigma", "phi")
+  keep = ("A", "B", "C_mid", "R0", "sigma", "phi", "mu_log_B", "mu_log_C_mid")  # (mu_*: seeds model, recipe level)
   grouped = {k: np.stack([np.asarray(r[0][k], dtype=float) for r in runs]) for k in keep if k in runs[0][0]}
   samples = {k: v.reshape((-1,) + v.shape[2:]) for k, v in grouped.items()}
   chains = [grouped[k].reshape(num_chains, num_samples, -1) for k in ("A", "B", "C_mid")]

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 
 from scalerl_jax.scaling.analysis import RunFit
 from scalerl_jax.scaling.compare import linearised, refit_common_a
+from scalerl_jax.scaling.curves import log_f, sigmoid_curve
 
 UNITS = {"accelerator_hours": "accelerator-hours", "accelerator_seconds": "accelerator-seconds", "flops": "FLOPs"}
 
@@ -122,6 +123,51 @@ def plot_linearised(runs: Sequence[RunFit], ax=None, common_a: bool = True):
   ax.set_title(f"linearised at common A={a:.3f}" if a is not None else "linearised")
   ax.legend(fontsize=8)
   return ax
+
+
+def plot_recipes(fits, ax=None, level: float = 0.9, unit: str = "", c_max: Optional[float] = None):
+  """A study's recipes (`study.RecipeFit`) on one log-compute axis: each seed's points, the recipe-level posterior
+  median curve and its `level` band, extended to `c_max` (default: 10x the largest compute)."""
+  ax = _axes(ax)
+  c_all = np.concatenate([p.compute for f in fits for p in f.points])
+  grid = np.geomspace(float(c_all.min()), c_max or 10.0 * float(c_all.max()), 300)
+  for i, f in enumerate(fits):
+    color, d = f"C{i}", f.draws()
+    curves = sigmoid_curve(grid[None, :], d["A"][:, None], d["B"][:, None], d["C_mid"][:, None], d["R0"][:, None])
+    lo, med, hi = np.quantile(curves, [0.5 - level / 2, 0.5, 0.5 + level / 2], axis=0)
+    ax.fill_between(grid, lo, hi, color=color, alpha=0.15, lw=0)
+    ax.plot(grid, med, color=color, lw=2, label=f"{f.name}: A={np.median(d['A']):.3f}, B={np.median(d['B']):.2f}")
+    for p in f.points:
+      ax.scatter(p.compute, p.reward, s=8, color=color, alpha=0.7)
+  ax.set_xscale("log")
+  ax.set_xlabel(f"compute ({UNITS.get(unit, unit)})" if unit else "compute")
+  ax.set_ylabel("held-out pass rate")
+  ax.set_title(f"recipes: posterior median and {level:.0%} band (one A per recipe over its seeds)")
+  ax.legend(fontsize=8, loc="lower right")
+  return ax.figure
+
+
+def plot_fixed_a(fits, fixed: dict, ax=None):
+  """The paper's fixed-A view of a study: every recipe's points (seeds pooled) as ln F(R) against ln C at the
+  common A, with lines of slope B from `study.fixed_a_comparison`."""
+  ax = _axes(ax)
+  a = fixed["A_common"]
+  for i, f in enumerate(fits):
+    b, c_mid = fixed["B"][f.name], fixed["C_mid"][f.name]
+    c = np.concatenate([p.compute for p in f.points])
+    r = np.concatenate([p.reward for p in f.points])
+    y = log_f(r, a, c_mid, b, float(np.mean(f.r0)))
+    ok = np.isfinite(y)
+    x = np.log(c[ok])
+    ax.scatter(x, y[ok], s=8, color=f"C{i}")
+    if x.size:
+      xs = np.linspace(x.min(), x.max(), 10)
+      ax.plot(xs, b * xs, color=f"C{i}", label=f"{f.name}: B={b:.2f}")
+  ax.set_xlabel("ln C")
+  ax.set_ylabel("ln F(R)")
+  ax.set_title(f"fixed A = {a:.3f}: slope = B")
+  ax.legend(fontsize=8)
+  return ax.figure
 
 
 def save(fig, path) -> pathlib.Path:

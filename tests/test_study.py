@@ -1,0 +1,140 @@
+"""The recipe study: its file, the runner (continues an interrupted study without rerunning finished runs) and the
+report (P(A_i > A_j), crossover compute, fixed-A comparison) on run directories with known curves."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from scalerl_jax.scaling import study
+from scalerl_jax.scaling.curves import SigmoidParams
+from scalerl_jax.scaling.synthetic import synthetic_run, write_run_dir
+from tests.pipeline_helpers import TINY
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _write_study(tmp_path, recipes: dict, *, steps: int, seeds=(0,), overrides=(), name="s") -> pathlib.Path:
+  path = tmp_path / f"{name}.yaml"
+  path.write_text(json.dumps({  # JSON is YAML
+      "name": name, "dir": str(tmp_path / name), "base": str(ROOT / "configs" / "cpu_default.yaml"),
+      "seeds": list(seeds), "steps": steps, "overrides": list(overrides), "recipes": recipes,
+      "fit": {"x": "accelerator_hours", "fit_upto": 1.0}}))
+  return path
+
+
+def test_the_shipped_study_file_loads_with_every_ablation():
+  spec = study.load_study(ROOT / "configs" / "studies" / "loo_cpu.yaml")
+  runs = spec.plan()
+  assert len(runs) == len(spec.recipes) * len(spec.seeds) and len(spec.seeds) >= 2
+  assert spec.recipes["scalerl"] == ()
+  assert "loss.name=dapo" in spec.recipes["loo_dapo"]
+  assert "rollout.interruption.enabled=false" in spec.recipes["loo_lp"]  # nested keys flattened
+  assert "loss.length_penalty=true" in spec.recipes["loo_lp"]
+  assert not any(o.startswith(("base=", "run_dir=")) for r in spec.recipes.values() for o in r)
+  from scalerl_jax.config import load_config
+
+  for run in runs[::2]:  # every recipe's overrides make a valid run config
+    load_config(spec.base, list(run.overrides))
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda d: d.pop("steps"), "`steps` is missing"),
+    (lambda d: d.update(colour="red"), "unknown key(s) colour"),
+    (lambda d: d.update(seeds=[]), "`seeds` must be a non-empty list"),
+    (lambda d: d["recipes"].update(bad={"ablation": "nope.yaml"}), "nope.yaml: cannot read the ablation"),
+    (lambda d: d["recipes"].update(bad={"overrides": ["lr"]}), "recipes.bad.overrides must be key=value"),
+    (lambda d: d.update(fit={"fit_uptoo": 0.5}), "unknown `fit` key(s) fit_uptoo"),
+])
+def test_a_bad_study_file_names_its_key(tmp_path, edit, needle):
+  path = _write_study(tmp_path, {"a": {}}, steps=3)
+  raw = json.loads(path.read_text())
+  edit(raw)
+  path.write_text(json.dumps(raw))
+  with pytest.raises(study.StudyError) as info:
+    study.load_study(path)
+  assert needle in str(info.value) and str(path) in str(info.value)
+
+
+def test_an_interrupted_study_continues_without_rerunning_finished_runs(tmp_path, monkeypatch):
+  from launch.study import run_study
+
+  monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the runs' reward function lives in tests/
+  common = [*TINY, "pipeline.eval_every=1", "data.reward_fn=tests.pipeline_helpers.reward_digit_one"]
+  broken = _write_study(tmp_path, {"a": {}, "b": {"overrides": ["optimizer.lr=-1"]}}, steps=2, overrides=common)
+  spec = study.load_study(broken)
+  env_ok = pathlib.Path(spec.dir / "a" / "seed0" / "metrics.jsonl")
+  with pytest.raises(Exception) as info:  # recipe b fails: the study stops there, saying which run
+    run_study(spec, progress=False)
+  assert "run b/seed0 failed" in str(info.value) and "optimizer.lr" in str(info.value)
+  assert study.run_finished(spec.plan()[0], 2) and env_ok.is_file()
+  before = env_ok.stat().st_mtime_ns
+
+  fixed = study.load_study(_write_study(tmp_path, {"a": {}, "b": {"overrides": ["optimizer.lr=1e-2"]}}, steps=2,
+                                        overrides=common))
+  records = run_study(fixed, progress=False)
+  assert [r["status"] for r in records] == ["skipped (finished)", "new"]
+  assert env_ok.stat().st_mtime_ns == before  # recipe a was not run again
+  assert all(study.run_finished(r, 2) for r in fixed.plan())
+
+
+def _recipe_dirs(root: pathlib.Path, name: str, params: SigmoidParams, seeds=(0, 1), c_max=100.0):
+  for s in seeds:
+    pts = synthetic_run(params, c_max, n_evals=12, n_prompts=200, samples_per_prompt=8, seed=10 * s + hash(name) % 7)
+    write_run_dir(pts, root / name / f"seed{s}", steps_per_eval=10)
+
+
+@pytest.fixture(scope="module")
+def study_report(tmp_path_factory):
+  """Three recipes with known curves: `high` (A 0.85), `low` (A 0.55, faster: it leads early, so the two cross),
+  `twin` (the curve of `high`, other noise)."""
+  tmp = tmp_path_factory.mktemp("study")
+  _recipe_dirs(tmp / "s", "high", SigmoidParams(A=0.85, B=1.2, C_mid=30.0, R0=0.2))
+  _recipe_dirs(tmp / "s", "low", SigmoidParams(A=0.55, B=3.0, C_mid=4.0, R0=0.2))
+  _recipe_dirs(tmp / "s", "twin", SigmoidParams(A=0.85, B=1.2, C_mid=30.0, R0=0.2), seeds=(2, 3))
+  path = _write_study(tmp, {"high": {}, "low": {}, "twin": {}}, steps=120, seeds=(0, 1))
+  spec = study.load_study(path)
+  for s_old, s_new in ((2, 0), (3, 1)):  # twin's runs were written as seeds 2, 3: move them to 0, 1
+    (tmp / "s" / "twin" / f"seed{s_old}").rename(tmp / "s" / "twin" / f"seed{s_new}")
+  return spec, study.report(spec, num_warmup=300, num_samples=600)
+
+
+def test_the_report_tells_which_ceiling_is_higher_and_when_curves_cross(study_report):
+  spec, out = study_report
+  rows = {r["recipe"]: r for r in out["recipes"]}
+  assert rows["high"]["A"]["median"] == pytest.approx(0.85, abs=0.04)  # (a 90 % interval misses 1 time in 10)
+  assert rows["low"]["A"]["median"] == pytest.approx(0.55, abs=0.02)
+  assert rows["low"]["A"]["hi"] < rows["high"]["A"]["lo"]
+  pairs = {tuple(p["recipes"]): p for p in out["pairs"]}
+  assert pairs[("high", "low")]["p_A1_greater"] > 0.99
+  assert 0.1 < pairs[("high", "twin")]["p_A1_greater"] < 0.9  # the same curve: not resolved
+  x = pairs[("high", "low")]["crossover"]
+  truth = _crossing(SigmoidParams(A=0.85, B=1.2, C_mid=30.0, R0=0.2), SigmoidParams(A=0.55, B=3.0, C_mid=4.0, R0=0.2),
+                    x["range"][0])
+  assert x["p_cross_in_range"] > 0.9 and x["lo"] < truth < x["hi"]
+  assert out["fixed_a"]["B"]["low"] != out["fixed_a"]["B"]["high"]
+  md = (spec.dir / "study_report.md").read_text()
+  assert "| high vs low | 1.00 | yes |" in md and "| high vs twin |" in md
+  assert (spec.dir / "study_curves.png").stat().st_size > 10_000 and (spec.dir / "study_fixed_a.png").is_file()
+
+
+def _crossing(p1: SigmoidParams, p2: SigmoidParams, c_lo: float) -> float:
+  """The true curves' first crossing above c_lo (the report's range starts at the smallest fitted compute)."""
+  grid = np.geomspace(c_lo, 1e4, 200_000)
+  d = p1(grid) - p2(grid)
+  return float(grid[np.flatnonzero(np.sign(d[:-1]) != np.sign(d[1:]))[0]])
+
+
+def test_the_report_leaves_out_unfinished_runs_and_says_so(study_report, tmp_path):
+  spec, _ = study_report
+  partial = tmp_path / "partial"
+  (partial / "high").mkdir(parents=True)
+  import shutil
+  shutil.copytree(spec.dir / "high" / "seed0", partial / "high" / "seed0")
+  spec2 = study.StudySpec("p", partial, spec.base, (0, 1), spec.steps, (), spec.fit, {"high": ()})
+  out = study.report(spec2, num_warmup=200, num_samples=300, plot=False)
+  assert out["unfinished"] == {"high": [1]} and out["recipes"][0]["seeds"] == 1
+  assert "Unfinished runs (left out): high: seeds [1]" in (partial / "study_report.md").read_text()
