@@ -25,6 +25,10 @@ from scalerl_jax.scaling import fit as fit_lib
 from scalerl_jax.scaling.points import CurveDataError, CurvePoints, Window, split
 
 METHODS = ("paper", "free")
+# R0 of the NumPyro fit: "fixed" to the step-0 evaluation, or "free" (a parameter, that evaluation one more data
+# point). Chosen by calibration (benchmarks/RESULTS.md, "Calibration"): fixing R0 to a noisy measurement makes the
+# intervals on A and B too narrow.
+BAYES_R0 = "free"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,17 +56,24 @@ class RunFit:
 
 def analyse(points: CurvePoints, *, fit_upto: float = 0.5, c_min: float = 0.0, method: str = "paper",
             bayes: bool = False, fit_r0: bool = False, likelihood: str = "auto", num_warmup: int = 500,
-            num_samples: int = 1000, seed: int = 0, level: float = 0.9, lsq_kwargs: Optional[dict] = None) -> RunFit:
+            num_samples: int = 1000, seed: int = 0, level: float = 0.9, lsq_kwargs: Optional[dict] = None,
+            bayes_r0: Optional[str] = None) -> RunFit:
   """Splits `points` (see `points.split`) and fits the window; R0 is fixed to the first point unless fit_r0.
 
   fit_r0 fits R0 as well (then the start point joins the fitted data, and method must be "free").
+  bayes_r0 ("fixed" | "free"; default BAYES_R0, or "free" with fit_r0) decides the same for the NumPyro fit
+  alone, so the paper's least-squares procedure can keep R0 fixed while the posterior accounts for the noise of
+  the one evaluation that measures it.
   """
+  bayes_r0 = bayes_r0 or ("free" if fit_r0 else BAYES_R0)
+  if bayes_r0 not in ("fixed", "free"):
+    raise CurveDataError(f"bayes_r0 must be 'fixed' or 'free', got {bayes_r0!r}")
   if method not in METHODS:
     raise CurveDataError(f"unknown method {method!r}; choose one of {METHODS}")
   if fit_r0 and method == "paper":
     raise CurveDataError("the paper's fitter keeps R0 fixed; use method='free' with fit_r0")
   window = split(points, fit_upto=fit_upto, c_min=c_min)
-  data = _join(window.start, window.fit) if fit_r0 else window.fit
+  data = join_points(window.start, window.fit) if fit_r0 else window.fit
   if method == "paper":
     lsq = fit_lib.fit_paper(data.compute, data.reward, window.r0, **(lsq_kwargs or {}))
   else:
@@ -73,12 +84,15 @@ def analyse(points: CurvePoints, *, fit_upto: float = 0.5, c_min: float = 0.0, m
     power = None
   post = None
   if bayes:
-    post = bayes_lib.fit_bayes(data, window.r0, likelihood=likelihood, fit_r0=fit_r0, num_warmup=num_warmup,
-                               num_samples=num_samples, seed=seed)
+    free = bayes_r0 == "free" and len(window.start) > 0
+    post = bayes_lib.fit_bayes(join_points(window.start, window.fit) if free else window.fit, window.r0,
+                               likelihood=likelihood, fit_r0=free, num_warmup=num_warmup, num_samples=num_samples,
+                               seed=seed)
   return RunFit(points, window, lsq, power, post, level)
 
 
-def _join(a: CurvePoints, b: CurvePoints) -> CurvePoints:
+def join_points(a: CurvePoints, b: CurvePoints) -> CurvePoints:
+  """`a` then `b` as one CurvePoints (e.g. the R0 point and the fit window, for a fit with a free R0)."""
   cat = lambda x, y: None if x is None or y is None else np.concatenate([x, y])  # noqa: E731
   return CurvePoints(cat(a.compute, b.compute), cat(a.reward, b.reward), cat(a.n_correct, b.n_correct),
                      cat(a.n_total, b.n_total), cat(a.per_prompt, b.per_prompt), b.samples_per_prompt, b.name,

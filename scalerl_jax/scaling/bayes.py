@@ -11,7 +11,8 @@ Likelihoods, per evaluation point i with mean mu_i = R(C_i):
     betabinomial  per-prompt k_ij ~ BetaBinomial(mu_i phi, (1 - mu_i) phi, n),  phi ~ LogNormal(ln 10, 1.5)
                   (prompt difficulty spread; needs per-prompt counts; evaluated on the histogram of k_ij)
     auto          betabinomial if per-prompt counts exist, else binomial if totals exist, else gaussian.
-Hierarchical over seeds (`fit_bayes_seeds`): one A shared by all seeds (A ~ Uniform(max_k R0_k, 1)); per seed
+Hierarchical over seeds (`fit_bayes_seeds`): one A shared by all seeds (A ~ Uniform(max_k R0_k, 1); with fit_r0
+each R0_k ~ Uniform(0, 1) and its C = 0 point is data); per seed
 ln B_k ~ Normal(mu_B, tau_B) and ln C_mid_k ~ Normal(mu_M, tau_M), non-centred, tau_B ~ HalfNormal(0.3),
 tau_M ~ HalfNormal(0.5), mu_B and mu_M with the priors above.
 
@@ -94,10 +95,15 @@ def sigmoid_model(d: Dict[str, jnp.ndarray], likelihood: str, fit_r0: bool):
 
 def seeds_model(d: Dict[str, jnp.ndarray], likelihood: str, fit_r0: bool):
   """K seeds sharing A; data arrays carry a leading seed axis [K, N] (module docstring)."""
-  del fit_r0  # R0 fixed per seed
   k = d["r0"].shape[0]
-  r0 = d["r0"]
-  a = numpyro.sample("A", dist.Uniform(jnp.max(r0), 1.0))
+  if fit_r0:  # one R0 per seed, its C = 0 evaluation among the data; A above the highest
+    with numpyro.plate("seed_r0", k):
+      r0 = numpyro.sample("R0", dist.Uniform(0.0, 1.0))
+    top = jnp.max(r0)
+    a = numpyro.deterministic("A", top + (1 - top) * numpyro.sample("u", dist.Uniform(0.0, 1.0)))
+  else:
+    r0 = d["r0"]
+    a = numpyro.sample("A", dist.Uniform(jnp.max(r0), 1.0))
   mu_b = numpyro.sample("mu_log_B", dist.Normal(*LOG_B_PRIOR))
   tau_b = numpyro.sample("tau_log_B", dist.HalfNormal(0.3))
   mu_m = numpyro.sample("mu_log_C_mid", dist.Normal(d["loc"], d["scale"]))
@@ -105,7 +111,8 @@ def seeds_model(d: Dict[str, jnp.ndarray], likelihood: str, fit_r0: bool):
   with numpyro.plate("seed", k):
     log_b = mu_b + tau_b * numpyro.sample("z_B", dist.Normal(0.0, 1.0))
     log_m = mu_m + tau_m * numpyro.sample("z_C_mid", dist.Normal(0.0, 1.0))
-  numpyro.deterministic("R0", r0)
+  if not fit_r0:
+    numpyro.deterministic("R0", r0)
   numpyro.deterministic("B", jnp.exp(log_b))
   numpyro.deterministic("C_mid", jnp.exp(log_m))
   mu = _mean_curve(d["log_c"], d["pos"], a, jnp.exp(log_b)[:, None], log_m[:, None], r0[:, None])
@@ -256,13 +263,14 @@ def fit_bayes(points: CurvePoints, r0: float, *, likelihood: str = "auto", fit_r
 
 
 def fit_bayes_seeds(points: Sequence[CurvePoints], r0: Sequence[float], *, likelihood: str = "auto",
-                    num_warmup: int = 500, num_samples: int = 1000, num_chains: int = 1,
+                    fit_r0: bool = False, num_warmup: int = 500, num_samples: int = 1000, num_chains: int = 1,
                     seed: int = 0) -> BayesFit:
-  """Hierarchical posterior over K seeds of one recipe with one shared A; B and C_mid come out [S, K]."""
+  """Hierarchical posterior over K seeds of one recipe with one shared A; B and C_mid come out [S, K] (and R0
+  with fit_r0: then each run's points may include its C = 0 evaluation, and `r0` is unused)."""
   if len(points) != len(r0) or len(points) < 2:
     raise CurveDataError("fit_bayes_seeds needs >= 2 runs and one R0 per run")
   for p in points:
-    _check_points(p, False)
+    _check_points(p, fit_r0)
   likelihood = _resolve(likelihood, points)
   if likelihood == "betabinomial" and len({p.samples_per_prompt for p in points}) > 1:
     raise CurveDataError("seeds must share samples_per_prompt for the betabinomial likelihood")
@@ -271,4 +279,4 @@ def fit_bayes_seeds(points: Sequence[CurvePoints], r0: Sequence[float], *, likel
   data = {k: np.stack([d[k] for d in per]) for k in per[0]}
   loc, scale = _log_c_mid_prior(points)
   data.update(r0=np.asarray(r0, np.float32), loc=np.float32(loc), scale=np.float32(scale))
-  return _run("seeds", data, likelihood, False, num_warmup, num_samples, num_chains, seed, list(points))
+  return _run("seeds", data, likelihood, fit_r0, num_warmup, num_samples, num_chains, seed, list(points))

@@ -36,6 +36,7 @@ import numpy as np
 import yaml
 
 from scalerl_jax.scaling import bayes as bayes_lib
+from scalerl_jax.scaling.analysis import BAYES_R0, join_points
 from scalerl_jax.scaling.compare import prob_a_greater
 from scalerl_jax.scaling.curves import sigmoid_curve
 from scalerl_jax.scaling.fit import fit_fixed_a
@@ -174,10 +175,11 @@ class RecipeFit:
   post: bayes_lib.BayesFit
 
   def draws(self) -> dict[str, np.ndarray]:
-    """The recipe-level curve's posterior draws: A, B = exp(mu_log_B), C_mid = exp(mu_log_C_mid), R0 = mean."""
+    """The recipe-level curve's posterior draws: A, B = exp(mu_log_B), C_mid = exp(mu_log_C_mid), R0 = the mean
+    over seeds (of each draw, when R0 is fitted)."""
     s = self.post.samples
     return {"A": s["A"], "B": np.exp(s["mu_log_B"]), "C_mid": np.exp(s["mu_log_C_mid"]),
-            "R0": np.full_like(s["A"], float(np.mean(self.r0)))}
+            "R0": s["R0"].reshape(len(s["A"]), -1).mean(axis=1)}
 
 
 def fit_recipe(name: str, points: Sequence[CurvePoints], fit: dict, *, num_warmup: int = 500,
@@ -185,10 +187,13 @@ def fit_recipe(name: str, points: Sequence[CurvePoints], fit: dict, *, num_warmu
   """The hierarchical fit of one recipe's seeds (one run: the one-run model, with the same draw names)."""
   windows = [split(p, fit_upto=fit["fit_upto"], c_min=fit["c_min"]) for p in points]
   pts, r0 = [w.fit for w in windows], [w.r0 for w in windows]
+  free = BAYES_R0 == "free"  # as in one run's fit (analysis.BAYES_R0): each seed's R0 fitted with its C = 0 point
+  data = [join_points(w.start, w.fit) for w in windows] if free else pts
+  kw = dict(fit_r0=free, num_warmup=num_warmup, num_samples=num_samples, seed=seed)
   if len(pts) >= 2:
-    post = bayes_lib.fit_bayes_seeds(pts, r0, num_warmup=num_warmup, num_samples=num_samples, seed=seed)
+    post = bayes_lib.fit_bayes_seeds(data, r0, **kw)
   else:
-    one = bayes_lib.fit_bayes(pts[0], r0[0], num_warmup=num_warmup, num_samples=num_samples, seed=seed)
+    one = bayes_lib.fit_bayes(data[0], r0[0], **kw)
     samples = {**one.samples, "mu_log_B": np.log(one.samples["B"]), "mu_log_C_mid": np.log(one.samples["C_mid"])}
     post = dataclasses.replace(one, samples=samples)
   return RecipeFit(name, pts, r0, post)
