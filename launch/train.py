@@ -28,7 +28,6 @@ DEFAULT = pathlib.Path(__file__).resolve().parent.parent / "configs" / "cpu_defa
 PROG = "train.py"
 # what a run writes into its run directory and a fresh run (checkpoint.resume=false) would replace
 PREVIOUS_RUN = ("metrics.jsonl", "consumed_prompts.jsonl", "checkpoints", "tensorboard")
-TRANSFER_PORT = 8476
 log = logging.getLogger("scalerl_jax.launch.train")
 
 
@@ -55,10 +54,11 @@ def make_parser() -> argparse.ArgumentParser:
   multi.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address, the same on every process")
   multi.add_argument("--num-processes", type=int, metavar="N")
   multi.add_argument("--process-id", type=int, metavar="I", help="0 .. N-1, different on every process")
-  multi.add_argument("--transfer-address", metavar="HOST:PORT",
-                     help="disaggregated runs: this process's address for weight and rollout transfers on backends "
-                          "without their own cross-host transfers (CPU); default: this host's address, port "
-                          f"{TRANSFER_PORT} + process id")
+  multi.add_argument("--transfer-host", metavar="HOST",
+                     help="disaggregated runs: the address other processes reach this one's transfer server at "
+                          "(default: this host's address on the route to the coordinator)")
+  multi.add_argument("--single-process", action="store_true",
+                     help="do not look for a cluster (e.g. one python process inside a multi-task Slurm allocation)")
   multi.add_argument("--heartbeat-timeout", type=int, default=100, metavar="S",
                      help="seconds without a heartbeat after which jax declares a process dead and stops the others "
                           "(default: %(default)s)")
@@ -126,27 +126,21 @@ def fail(message: str) -> None:
   text = f"{PROG}: error: {message}\n"
   if "jax" in sys.modules:
     import jax
-    if jax.process_count() > 1:
+    if jax.distributed.is_initialized():  # (never starts a backend)
       from scalerl_jax import distributed
       distributed.abort(text, 2)
   sys.stderr.write(text)
   raise SystemExit(2)
 
 
-def start_processes(args, cfg) -> bool:
+def start_processes(args) -> bool:
   """jax.distributed for a multi-process run (before any backend starts); returns whether it is one. Processes
   other than 0 log warnings only; all of them wait until process 0 has prepared the run directory."""
   from scalerl_jax import distributed
 
-  transfer = args.transfer_address
-  if transfer is None and cfg.mesh.generator_processes and args.process_id is not None:
-    import socket
-    host = "127.0.0.1" if (args.coordinator or "").split(":")[0] in ("localhost", "127.0.0.1") else \
-        socket.gethostbyname(socket.gethostname())
-    transfer = f"{host}:{TRANSFER_PORT + args.process_id}"
   try:
-    multi = distributed.initialize(args.coordinator, args.num_processes, args.process_id, transfer_address=transfer,
-                                   heartbeat_timeout_s=args.heartbeat_timeout)
+    multi = distributed.initialize(args.coordinator, args.num_processes, args.process_id,
+                                   transfer_address=args.transfer_host, heartbeat_timeout_s=args.heartbeat_timeout)
   except UserError as exc:
     fail(str(exc))
   if multi:
@@ -170,8 +164,8 @@ def main(argv=None) -> int:
   except UserError as exc:
     fail(str(exc))
   setup_logging(args.verbose)
-  multi = start_processes(args, cfg) if (args.coordinator or args.num_processes or args.process_id is not None or
-                                        _cluster_detected()) else False
+  explicit = args.coordinator or args.num_processes or args.process_id is not None
+  multi = start_processes(args) if explicit or (not args.single_process and _cluster_detected()) else False
   main_process = not multi or _process_index() == 0
   problem = prepare_run_dir(cfg, args.overwrite) if main_process else None
   if problem:
@@ -194,6 +188,11 @@ def main(argv=None) -> int:
         distributed.abort(traceback.format_exc(), 1)
       raise
     fail(str(cause))
+  except KeyboardInterrupt:  # a second Ctrl-C while a checkpoint was not being written
+    if multi:
+      from scalerl_jax import distributed
+      distributed.abort(f"{PROG}: interrupted\n", 130)
+    raise
   if main_process:
     print(final_report(cfg, summary))
   return job.exit_code

@@ -19,11 +19,10 @@ arrays with each process supplying only its own devices' shards (`jax.make_array
 collects small records (data-iterator states for a checkpoint). Both gather among any subset of processes with
 one jitted all-gather on a mesh of their first devices.
 
-Messages between processes (`Channel`, disaggregated runs): a point-to-point transfer of a tree of arrays from one
-process's first device to another's with `jax.device_put` across hosts (jax's cross-host transfer; on CPU it goes
-over the sockets named by `jax_cross_host_transfer_socket_address`). The key-value store carries each message's
-header (shapes and dtypes) first, so the receiver can wait for a sender that is still busy without the
-transfer's own timeout running, and so that wait polls the abort record.
+Messages between processes (`Channel`, disaggregated runs): point-to-point transfers of trees of arrays between
+two processes' first devices through `jax.experimental.transfer` servers (one per process; the sender schedules a
+message under its id, the receiver pulls it), with each message's header (id, shapes, dtypes) in the key-value
+store, so the receiver waits for a sender that is still busy in bounded polls that also watch the abort record.
 """
 
 from __future__ import annotations
@@ -97,9 +96,9 @@ def initialize(coordinator: Optional[str] = None, num_processes: Optional[int] =
   """Starts jax's multi-controller runtime when this is one process of many; returns whether it did.
 
   Explicit: all of `coordinator`, `num_processes`, `process_id`. Otherwise jax's cluster detection decides (it is
-  asked only whether more than one process is there). `transfer_address` (HOST:PORT of this process, reachable by
-  the others) enables cross-host `device_put` on backends without their own (CPU); disaggregated runs need it.
-  Must run before anything touches a jax backend."""
+  asked only whether more than one process is there). `transfer_address`: the host other processes reach this
+  one's transfer server at (disaggregated runs; default `transfer_host()`). Must run before anything touches a
+  jax backend."""
   given = {"--coordinator": coordinator, "--num-processes": num_processes, "--process-id": process_id}
   if any(v is not None for v in given.values()):
     missing = [k for k, v in given.items() if v is None]
@@ -114,10 +113,11 @@ def initialize(coordinator: Optional[str] = None, num_processes: Optional[int] =
     return False
   if jax.config.jax_platforms in (None, "", "cpu") or "cpu" in str(jax.config.jax_platforms):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  if transfer_address:
-    jax.config.update("jax_cross_host_transfer_socket_address", transfer_address)
+  global _TRANSFER_HOST
+  _TRANSFER_HOST = transfer_address
+  # shutdown: a process that finished waits for the others (process 0 may still write the report and checkpoint)
   jax.distributed.initialize(coordinator, num_processes, process_id, initialization_timeout=init_timeout_s,
-                             heartbeat_timeout_seconds=heartbeat_timeout_s)
+                             heartbeat_timeout_seconds=heartbeat_timeout_s, shutdown_timeout_seconds=3600)
   Watchdog().start()
   return True
 
@@ -355,49 +355,53 @@ def gather_json(record: Any, processes: Optional[Sequence[int]] = None) -> list[
 class Channel:
   """Ordered point-to-point messages between processes: `send(dst, tag, tree)` / `recv(src, tag)` with trees of
   numpy or jax arrays (`send_obj` / `recv_obj`: any picklable object). Both sides call in the same order per
-  (src, dst, tag). Each transfer's bytes and seconds are kept in `last`."""
+  (src, dst, tag); other processes take no part. Each process runs a `jax.experimental.transfer` server: the sender
+  schedules its arrays under a message id (`await_pull`) and writes the header (id, shapes, dtypes) to the
+  key-value store; the receiver waits for the header in bounded polls and pulls. `last` holds the latest message's
+  bytes and seconds (the receiver's seconds include the transfer; the sender's only the scheduling)."""
 
-  def __init__(self, prefix: str = "scalerl_jax/msg"):
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+  def __init__(self, prefix: str = "scalerl_jax/msg", host: Optional[str] = None):
+    from jax.experimental import transfer
 
     self.prefix = prefix
     self._seq: dict[tuple[int, int, str], int] = {}
-    processes = range(jax.process_count())
-    self._one = {p: NamedSharding(Mesh(np.array([d]), ("x",)), PartitionSpec())
-                 for p, d in zip(processes, _first_devices(processes))}
+    self._device = jax.local_devices()[0]
+    self._server = transfer.start_transfer_server(self._device.client, f"{host or transfer_host()}:0",
+                                                  [f"{host or transfer_host()}:0"])
+    self._connections: dict[int, Any] = {}
+    _client().key_value_set(f"{prefix}/address/{jax.process_index()}", self._server.address())
     self.last = {"bytes": 0, "seconds": 0.0}
 
-  def _key(self, src: int, dst: int, tag: str) -> str:
+  def _key(self, src: int, dst: int, tag: str) -> tuple[str, int]:
     n = self._seq.get((src, dst, tag), 0)
     self._seq[(src, dst, tag)] = n + 1
-    return f"{self.prefix}/{src}-{dst}/{tag}/{n}"
+    key = f"{self.prefix}/{src}-{dst}/{tag}/{n}"
+    return key, int.from_bytes(hashlib.sha256(key.encode()).digest()[:7], "big")
 
   def send(self, dst: int, tag: str, tree: Any) -> None:
-    me = jax.process_index()
-    key = self._key(me, dst, tag)
+    key, uuid = self._key(jax.process_index(), dst, tag)
     t0 = time.perf_counter()
-    leaves, treedef = jax.tree.flatten(tree)
-    src = [jax.device_put(x, self._one[me]) for x in leaves]
-    header = {"shapes": [list(x.shape) for x in src], "dtypes": [str(x.dtype) for x in src]}
+    leaves = [jax.device_put(x, self._device) for x in jax.tree.leaves(tree)]
+    self._server.await_pull(uuid, leaves)
+    header = {"uuid": uuid, "shapes": [list(x.shape) for x in leaves], "dtypes": [str(x.dtype) for x in leaves]}
     _client().key_value_set(key, json.dumps(header))
-    jax.block_until_ready(jax.device_put(src, [self._one[dst]] * len(src)))
-    self.last = {"bytes": int(sum(x.nbytes for x in src)), "seconds": time.perf_counter() - t0}
+    self.last = {"bytes": int(sum(x.nbytes for x in leaves)), "seconds": time.perf_counter() - t0}
 
-  def recv(self, src: int, tag: str, treedef_like: Any = None) -> list:
-    """The leaves of the message (a list of arrays on this process's first device), or the tree `treedef_like`
-    describes (a tree with the same structure, e.g. the sender's)."""
-    me = jax.process_index()
-    key = self._key(src, me, tag)
+  def recv(self, src: int, tag: str) -> list:
+    """The leaves of the message, as arrays on this process's first device."""
+    from jax.sharding import SingleDeviceSharding
+
+    key, _ = self._key(src, jax.process_index(), tag)
     header = json.loads(wait_for_key(key))
     t0 = time.perf_counter()
-    handles = [jax.make_array_from_single_device_arrays(tuple(s), self._one[src], [], dtype=np.dtype(d))
-               for s, d in zip(header["shapes"], header["dtypes"])]
-    out = jax.block_until_ready(jax.device_put(handles, [self._one[me]] * len(handles)))
+    if src not in self._connections:
+      self._connections[src] = self._server.connect(wait_for_key(f"{self.prefix}/address/{src}"))
+    specs = [jax.ShapeDtypeStruct(tuple(s), np.dtype(d), sharding=SingleDeviceSharding(self._device))
+             for s, d in zip(header["shapes"], header["dtypes"])]
+    out = jax.block_until_ready(self._connections[src].pull(header["uuid"], specs)) if specs else []
     _client().key_value_delete(key)
     self.last = {"bytes": int(sum(x.nbytes for x in out)), "seconds": time.perf_counter() - t0}
-    if treedef_like is not None:
-      return jax.tree.unflatten(jax.tree.structure(treedef_like), out)
-    return out
+    return list(out)
 
   def send_obj(self, dst: int, tag: str, obj: Any) -> None:
     self.send(dst, tag, [np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)])
@@ -405,6 +409,26 @@ class Channel:
   def recv_obj(self, src: int, tag: str) -> Any:
     (blob,) = self.recv(src, tag)
     return pickle.loads(np.asarray(blob).tobytes())
+
+
+_TRANSFER_HOST: Optional[str] = None
+
+
+def transfer_host() -> str:
+  """The address other processes reach this one at for transfers: --transfer-address, else this host's address
+  on the route to the coordinator (127.0.0.1 when the coordinator is local)."""
+  if _TRANSFER_HOST:
+    return _TRANSFER_HOST
+  import socket
+
+  from jax._src import distributed as jax_distributed
+
+  host = (jax_distributed.global_state.coordinator_address or "127.0.0.1:0").rsplit(":", 1)[0].strip("[]")
+  if host in ("localhost", "127.0.0.1", "::1"):
+    return "127.0.0.1"
+  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet is sent: the route's own address
+    probe.connect((host, 9))
+    return probe.getsockname()[0]
 
 
 def wait_for_key(key: str) -> str:

@@ -36,17 +36,17 @@ def _free_ports(n: int) -> list[int]:
   return ports
 
 
-def run_processes(run_dir, *overrides, env_of=None, extra_of=None, timeout=TIMEOUT_S):
-  """Starts launch/train.py as processes 0 and 1 of a 2-process run; returns [(returncode, stdout, stderr)] of
-  both. `env_of(i)` / `extra_of(i)`: extra environment / arguments of process i."""
-  coordinator, *transfer = _free_ports(3)
+def run_processes(run_dir, *overrides, env_of=None, extra_of=None, timeout=TIMEOUT_S, n=2, devices=4):
+  """Starts launch/train.py as processes 0 .. n-1 of one run (`devices` CPU devices each); returns
+  [(returncode, stdout, stderr)] of each. `env_of(i)` / `extra_of(i)`: extra environment / arguments of process i."""
+  (coordinator,) = _free_ports(1)
   procs = []
-  for i in range(2):
+  for i in range(n):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "SCALERL_FAULTS")}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
-               PYTHONUNBUFFERED="1", **(env_of(i) if env_of else {}))
+    env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **(env_of(i) if env_of else {}))
     cmd = [sys.executable, str(ROOT / "launch" / "train.py"), "--coordinator", f"127.0.0.1:{coordinator}",
-           "--num-processes", "2", "--process-id", str(i), "--transfer-address", f"127.0.0.1:{transfer[i]}",
+           "--num-processes", str(n), "--process-id", str(i), "--transfer-host", "127.0.0.1",
            "--heartbeat-timeout", "30", f"run_dir={run_dir}", *TINY, *overrides, *(extra_of(i) if extra_of else [])]
     procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   start_new_session=True))
@@ -60,7 +60,7 @@ def run_processes(run_dir, *overrides, env_of=None, extra_of=None, timeout=TIMEO
       if p.poll() is None:
         os.killpg(p.pid, signal.SIGKILL)
     logs = [p.communicate()[1][-3000:] for p in procs]
-    pytest.fail(f"2-process run did not finish within {timeout} s; stderr tails:\n" + "\n---\n".join(logs))
+    pytest.fail(f"{n}-process run did not finish within {timeout} s; stderr tails:\n" + "\n---\n".join(logs))
   return out
 
 
@@ -144,6 +144,21 @@ def test_disaggregated_weights_lag_and_resume(tmp_path):
   assert [s for s, _ in consumed] == list(range(6))
   assert [ids for _, ids in consumed] == _stream_order(run_dir, 6)  # one generator reads the stream in order
   assert [r["pipeline/version"] for r in _metrics(run_dir / "metrics.jsonl")[1:]] == list(range(1, 7))
+
+
+def test_one_trainer_and_two_generators(tmp_path):
+  """Three processes (2 devices each): process 0 trains, processes 1 and 2 each generate half of every batch."""
+  run_dir = tmp_path / "three"
+  _ok(run_processes(run_dir, "pipeline.steps=3", "mesh.generator_processes=2", "pipeline.max_lag=1",
+                    "logging.every_process=true", n=3, devices=2, timeout=240))
+  metrics = _metrics(run_dir / "metrics.jsonl")[1:]
+  assert [r["pipeline/version"] for r in metrics] == [1, 2, 3]
+  sent = {r["pipeline/version"]: r["pipeline/weight_checksum"] for r in metrics}
+  for g in (1, 2):  # each generator holds the trainer's params after every sync
+    received = {r["version"]: r["checksum"] for r in _metrics(run_dir / f"weights.process{g}.jsonl")}
+    assert {v: received[v] for v in sent} == sent
+  consumed = _consumed(run_dir)
+  assert [sorted(ids) for _, ids in consumed] == [sorted(ids) for ids in _stream_order(run_dir, 3)]
 
 
 def test_a_process_that_raises_ends_both(tmp_path):

@@ -57,16 +57,20 @@ def run_trainer(job) -> dict:
     job.on_record = on_record
     if lead:  # the initial weights went out with WeightSync in setup
       states = job.remote.get("data_states")
+      rewards = job.remote.get("reward_states")
       for i, g in enumerate(topo.generators):
         channel.send_obj(g, "start", {"step": job.start_step, "data_state": states[i] if states else None,
-                                      "npr": job.cursor.npr.state_dict()})
+                                      "npr": job.cursor.npr.state_dict(),
+                                      "reward_state": rewards[i] if rewards and rewards[i] else None})
     try:
       for step in range(job.start_step, job.cfg.pipeline.steps):
         t0 = time.perf_counter()
         parts = [channel.recv_obj(g, "batch") for g in topo.generators]
         job.remote.update(data_states=[p["data_state"] for p in parts],
-                          data_metrics=step_metrics.merge_counters([p["data_metrics"] for p in parts]),
-                          reward_metrics=[job.rewards.metrics()] + [p["reward_metrics"] for p in parts])
+                          data_metrics={**step_metrics.merge_counters([p["data_metrics"] for p in parts]),
+                                        "pipeline/weight_recv_s": parts[0]["weight_recv_s"]},
+                          reward_metrics=[job.rewards.metrics()] + [p["reward_metrics"] for p in parts],
+                          reward_states=[p["reward_state"] for p in parts])
         job._gen_stats = GeneratorStats(**parts[0]["stats"])
         batch = types.ScoredBatch(step, tuple(g for p in parts for g in p["groups"]))
         if not job.consume(batch, time.perf_counter() - t0):
@@ -93,6 +97,8 @@ def run_generator(job) -> dict:
     start = hello["step"]
     if hello["data_state"] is not None:
       job.cursor.restore(hello["data_state"], hello["npr"])
+    if hello.get("reward_state"):
+      job.rewards.load_state(hello["reward_state"])
     job.driver.first_uid = start * job._prompts_here
     receiver.box = WeightBox(first, start)
     weight_log = _WeightLog(job) if cfg.logging.every_process else None
@@ -111,7 +117,8 @@ def run_generator(job) -> dict:
         batch = _wait_for_batch(generator, step)
         payload = {"groups": batch.groups, "data_state": job.cursor.state_before(step + 1)[0],
                    "data_metrics": job.cursor.stream.metrics(), "reward_metrics": job.rewards.metrics(),
-                   "stats": dataclasses.asdict(generator.stats)}
+                   "reward_state": job.rewards.state(), "stats": dataclasses.asdict(generator.stats),
+                   "weight_recv_s": receiver.last_seconds}  # the latest weight transfer, measured where it ends
         for t in topo.trainers:
           channel.send_obj(t, "batch", payload)
         control = channel.recv_obj(lead, "control")

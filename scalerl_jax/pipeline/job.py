@@ -192,7 +192,13 @@ class RLJob:
         self.cursor.npr.load_state_dict(meta["npr"])
       else:
         self.cursor.restore(data_states[jax.process_index()], meta["npr"])
-      self.rewards.load_state(meta.get("rewards", self.rewards.state()))
+      states = meta.get("reward_states")  # one per scoring process (older checkpoints: process 0's only)
+      if states and len(states) == self.topology.process_count and not self.topology.disaggregated:
+        self.rewards.load_state(states[jax.process_index()])
+      else:
+        self.rewards.load_state(meta.get("rewards", self.rewards.state()))
+      if self.topology.disaggregated:
+        self.remote["reward_states"] = states[len(self.topology.trainers):] if states else None
       self.meter.load_state(meta["compute"])
       self.start_step = int(meta["step"])
       self.summary.update(meta.get("summary", {}))
@@ -302,6 +308,11 @@ class RLJob:
           f"train/skipped), then resume")
     return not stop
 
+  def _interrupted(self) -> bool:
+    """The loop's check before each step. Several trainer processes decide together, at the end of each step
+    (`consume`), so that a signal reaching some of them stops all at the same step."""
+    return self._interrupt.is_set() if len(self.topology.trainers) == 1 else False
+
   def _flush(self, evaluate: bool = False) -> None:
     self.log.flush(self._gen_stats, evaluate)
 
@@ -317,6 +328,16 @@ class RLJob:
     self.meter.exclude(out["eval/seconds"])
     return out
 
+  def _reward_states(self) -> Optional[list]:
+    """Every scoring process's reward totals (colocated: gathered; disaggregated: the trainers' own, then each
+    generator's as sent with its latest batch); None in one process (`rewards` holds them)."""
+    if self.topology.process_count == 1:
+      return None
+    if not self.topology.disaggregated:
+      return distributed.gather_json(self.rewards.state())
+    return (distributed.gather_json(self.rewards.state(), self.topology.trainers) +
+            list(self.remote.get("reward_states") or [{} for _ in self.topology.generators]))
+
   def _rollout_copy(self, params: Any) -> Any:
     if self.topology.process_count == 1:
       return to_rollout_layout(params, self.engine.param_shardings)
@@ -330,6 +351,7 @@ class RLJob:
                    else distributed.gather_json(data_state))                 # generator with its batch step - 1
     meta = {"step": step, "version": step, "seed": self.cfg.seed, "data_states": data_states,
             "npr": npr_state, "compute": self.meter.state(), "rewards": self.rewards.state(),
+            "reward_states": self._reward_states(),
             "last_eval_step": self._last_eval_step,
             "fingerprint": config_fingerprint(self.cfg),
             "summary": {k: v for k, v in self.summary.items() if isinstance(v, (int, float, str))}}
@@ -369,7 +391,7 @@ class RLJob:
           out=BatchBuffer(stop), stop=stop)
       self._gen_stats = self._generator.stats
       run_pipeline(generator=self._generator, consume=self.consume, start=self.start_step,
-                   end=self.cfg.pipeline.steps, interrupted=self._interrupt.is_set)
+                   end=self.cfg.pipeline.steps, interrupted=self._interrupted)
     return self._run(loop)
 
   def run_sync(self) -> dict:
@@ -380,7 +402,7 @@ class RLJob:
     return self._run(lambda: run_synchronous(
         driver=self.driver, next_prompts=self.cursor.next_batch, score=self.score, weights=self.weights,
         samples=self.shapes.G, start=self.start_step, end=self.cfg.pipeline.steps, consume=self.consume,
-        interrupted=self._interrupt.is_set, stats=self._gen_stats))
+        interrupted=self._interrupted, stats=self._gen_stats))
 
   def _run(self, loop) -> dict:
     """Set up, run `loop`, finish. A user error (a reward batch that failed whole, NPR leaving no prompt,
@@ -391,12 +413,22 @@ class RLJob:
         with self.meter.count_compilation():
           loop()
       except PipelineError as exc:
-        if isinstance(exc.__cause__, UserError):
+        if isinstance(exc.__cause__, UserError) and self._stops_alone:
           self._stop_on(exc.__cause__)
         raise
       except UserError as exc:
+        if not self._stops_alone:  # a failing shard may be on this process only: no collective checkpoint
+          raise
         self._stop_on(exc)
       return self._finish()
+
+  @property
+  def _stops_alone(self) -> bool:
+    """Whether a user error may stop the run with a checkpoint: in one process, or when every trainer raised it at
+    the same step (non-finite steps: the loss is global). Otherwise another process's error or a shard's reward
+    failure could leave the processes in different collectives, so the error ends every process instead, and the
+    run resumes from its latest checkpoint."""
+    return self.topology.process_count == 1
 
   @contextlib.contextmanager
   def _running(self):

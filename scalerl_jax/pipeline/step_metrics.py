@@ -44,14 +44,17 @@ def host_metrics(batch: types.ScoredBatch, packed: types.PackedRows, prepare_met
 
 def merge_counters(records: list[dict]) -> dict:
   """Several processes' reward and data counters (`RewardRunner.metrics`, the prompt stream's) as one run's:
-  counts and times summed, epochs the lowest, the failure rate recomputed from the summed counts."""
+  reward counts and times and each shard's epoch size summed, epochs the lowest, the failure rate recomputed from
+  the summed counts; the other data/* counts describe the whole dataset, which every process reads: process 0's."""
   out: dict = {}
-  for record in records:
+  for i, record in enumerate(records):
     for k, v in record.items():
-      if k.startswith("data/epoch") and not k.startswith("data/epoch_size"):
-        out[k] = min(out.get(k, v), v)
-      elif isinstance(v, (int, float)):
+      if k.startswith("data/epoch_size") or (k.startswith("reward/") and isinstance(v, (int, float))):
         out[k] = out.get(k, 0) + v
+      elif k.startswith("data/epoch"):
+        out[k] = min(out.get(k, v), v)
+      elif i == 0:
+        out[k] = v
   if "reward/calls" in out:
     out["reward/failure_rate"] = ((out.get("reward/errors", 0) + out.get("reward/timeouts", 0)) / out["reward/calls"]
                                   if out["reward/calls"] else 0.0)

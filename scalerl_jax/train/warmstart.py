@@ -94,8 +94,9 @@ def warm_start(cfg: RunConfig, policy: Policy, layout: Layout, task, tokenizer,
                progress: bool = True) -> tuple[Any, dict]:
   """Params after the supervised warm start (from the cache when present) and a summary dict."""
   path = cache_path(cfg, task)
-  # several processes: use the cache only if every one of them sees it (they must all take the same branch)
-  if all(distributed.gather_json(path.exists())):
+  # several processes: use the cache only if every trainer process sees it (they must all take the same branch)
+  trainers = sorted({d.process_index for d in layout.mesh.devices.flat})
+  if all(distributed.gather_json(path.exists(), trainers)):
     params = load_params(policy, path)
     return params, {"warm_start/cached": 1.0, "warm_start/path": str(path)}
 
