@@ -1,12 +1,6 @@
-"""Writes notebooks/bayesian_extrapolation.ipynb (without outputs; the test suite executes it).
-
-  python notebooks/make_bayesian_extrapolation.py
+"""The cells of notebooks/bayesian_extrapolation.ipynb: `python notebooks/build.py bayesian_extrapolation` writes
+and executes the notebook and saves it with its outputs.
 """
-
-import pathlib
-
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 CELLS = [
     ("md", """# Bayesian extrapolation of an RL scaling curve
@@ -101,18 +95,3 @@ within the 0.02 margin, the common-$A$ refit (right: $\\ln F$ against $\\ln C$, 
 compute-efficient. With real runs, pass `--bayes` to `launch/fit_curve.py RUN_DIR1 RUN_DIR2` for the same numbers."""),
 ]
 
-
-def build() -> nbformat.NotebookNode:
-  cells = [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in CELLS]
-  for i, cell in enumerate(cells):
-    cell.id = f"cell-{i:02d}"  # stable ids: regenerating gives the same file
-  nb = new_notebook(cells=cells)
-  nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-  nb.metadata["language_info"] = {"name": "python"}
-  return nb
-
-
-if __name__ == "__main__":
-  path = pathlib.Path(__file__).with_name("bayesian_extrapolation.ipynb")
-  nbformat.write(build(), path)
-  print(f"wrote {path}")

@@ -1,31 +1,56 @@
-"""Executes notebooks/bayesian_extrapolation.ipynb with nbclient (kernel "python3" from the venv's ipykernel)."""
+"""The notebooks: each committed one holds its generator's cells (notebooks/make_<name>.py) and the outputs of
+`python notebooks/build.py`; executed again here (nbclient, kernel "python3" from the venv's ipykernel), every
+committed output must still hold, up to numerical noise."""
 
+import importlib.util
 import pathlib
 
 import nbformat
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-NOTEBOOK = ROOT / "notebooks" / "bayesian_extrapolation.ipynb"
+_spec = importlib.util.spec_from_file_location("notebook_build", ROOT / "notebooks" / "build.py")
+build = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build)
+
+# what each notebook must show (beyond matching its committed outputs)
+EXPECT = {
+    "bayesian_extrapolation": (("posterior: A=", "P(A1 > A2)", "covered"), 3),
+    "recipe_comparison": (("A [90 % interval]", "P(A1 > A2) =", "common A =", "P(ceiling > target)"), 2),
+}
 
 
-def test_notebook_matches_its_generator():
-  import importlib.util
-  spec = importlib.util.spec_from_file_location("make_nb", ROOT / "notebooks" / "make_bayesian_extrapolation.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  committed = nbformat.read(NOTEBOOK, as_version=4)
-  assert [c.source for c in committed.cells] == [c.source for c in module.build().cells]
+def _committed(name: str) -> nbformat.NotebookNode:
+  return nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
 
 
-def test_bayesian_extrapolation_notebook_executes():
-  nbclient = pytest.importorskip("nbclient")
-  nb = nbformat.read(NOTEBOOK, as_version=4)
-  client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300,
-                                   resources={"metadata": {"path": str(ROOT / "notebooks")}})
-  client.execute()  # raises CellExecutionError on any failing cell
-  text = "\n".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs)
-  assert "posterior: A=" in text and "P(A1 > A2)" in text and "covered" in text
-  images = sum("image/png" in out.get("data", {}) for cell in nb.cells if cell.cell_type == "code"
-               for out in cell.outputs)
-  assert images == 3
+@pytest.mark.parametrize("name", build.NOTEBOOKS)
+def test_notebook_matches_its_generator(name):
+  assert [c.source for c in _committed(name).cells] == [c.source for c in build.notebook(name).cells]
+
+
+@pytest.mark.parametrize("name", build.NOTEBOOKS)
+def test_notebook_executes_and_its_committed_outputs_are_current(name):
+  pytest.importorskip("nbclient")
+  committed = _committed(name)
+  old_text = build.text_outputs(committed)
+  assert any(old_text), f"notebooks/{name}.ipynb was committed without outputs: run python notebooks/build.py"
+  fresh = build.execute(build.notebook(name))  # raises CellExecutionError on any failing cell
+  new_text = build.text_outputs(fresh)
+  for i, (old, new) in enumerate(zip(old_text, new_text)):
+    assert build.outputs_match(old, new), (
+        f"notebooks/{name}.ipynb: the committed output of code cell {i} is stale (rerun python notebooks/build.py)"
+        f"\n--- committed\n{old}\n--- now\n{new}")
+  assert build.image_counts(fresh) == build.image_counts(committed)
+  needles, images = EXPECT[name]
+  text = "\n".join(new_text)
+  assert all(n in text for n in needles), [n for n in needles if n not in text]
+  assert sum(build.image_counts(fresh)) == images
+
+
+def test_stale_outputs_are_told_from_numerical_noise():
+  old = "A=0.812 [0.790, 0.835] covered True\n"
+  assert build.outputs_match(old, "A=0.813 [0.789, 0.836] covered True\n")  # another chain, same answer
+  assert not build.outputs_match(old, "A=0.712 [0.690, 0.735] covered True\n")  # a different result
+  assert not build.outputs_match(old, "A=0.812 [0.790, 0.835] covered False\n")  # different text
+  assert not build.outputs_match(old, "A=0.812 [0.790] covered True\n")  # a number gone

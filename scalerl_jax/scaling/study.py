@@ -249,15 +249,31 @@ def fixed_a_comparison(fits: Sequence[RecipeFit], a: Optional[float] = None) -> 
   return out
 
 
+A_BOUND = 0.995  # an interval on A reaching this is held up by the prior's A <= 1, not by the data
+
+
+def ceiling_status(f: RecipeFit, row: dict) -> tuple[bool, str]:
+  """Whether the recipe's runs identify its ceiling: its curve bent inside the fitted computes (median C_mid below
+  the largest) and the interval on A stays below A_BOUND; else why not."""
+  c_max = max(float(p.compute[-1]) for p in f.points)
+  if row["C_mid"]["median"] >= c_max:
+    return False, f"not bent yet (C_mid {row['C_mid']['median']:.3g} >= the last compute {c_max:.3g})"
+  if row["A"]["hi"] >= A_BOUND:
+    return False, f"A's interval reaches {row['A']['hi']:.3f}: held up by the prior A <= 1, the runs still climb"
+  return True, ""
+
+
 def recipe_table(fits: Sequence[RecipeFit], level: float = 0.9) -> list[dict]:
   q = (0.5 - level / 2, 0.5, 0.5 + level / 2)
   rows = []
   for f in fits:
     d = f.draws()
-    row = {"recipe": f.name, "seeds": len(f.points), "R0": float(np.mean(f.r0)), "diagnostics": f.post.diagnostics}
+    row = {"recipe": f.name, "seeds": len(f.points), "R0": float(np.mean(f.r0)), "diagnostics": f.post.diagnostics,
+           "final": float(np.mean([p.reward[-1] for p in f.points]))}
     for k in ("A", "B", "C_mid"):
       lo, med, hi = np.quantile(d[k], q)
       row[k] = {"median": float(med), "lo": float(lo), "hi": float(hi)}
+    row["ceiling_identified"], row["ceiling_why_not"] = ceiling_status(f, row)
     rows.append(row)
   return rows
 
@@ -301,10 +317,11 @@ def format_report(r: dict) -> str:
   pct = round(100 * r["level"])
   lines = [f"# Study {r['name']}: {len(r['recipes'])} recipes x {len(r['seeds'])} seeds, {r['steps']} steps each",
            "", f"Posterior medians with {pct} % intervals (hierarchical over seeds: one A per recipe).", "",
-           "| recipe | seeds | R0 | A | B | C_mid |", "|---|---|---|---|---|---|"]
+           "| recipe | seeds | R0 | final (mean) | A | B | C_mid | ceiling |", "|---|---|---|---|---|---|---|---|"]
   for row in r["recipes"]:
-    lines.append(f"| {row['recipe']} | {row['seeds']} | {row['R0']:.3f} | {_interval(row['A'])} | "
-                 f"{_interval(row['B'], '.2f')} | {_interval(row['C_mid'], '.3g')} |")
+    ceiling = "identified" if row["ceiling_identified"] else f"not identified: {row['ceiling_why_not']}"
+    lines.append(f"| {row['recipe']} | {row['seeds']} | {row['R0']:.3f} | {row['final']:.3f} | {_interval(row['A'])} | "
+                 f"{_interval(row['B'], '.2f')} | {_interval(row['C_mid'], '.3g')} | {ceiling} |")
   lines += ["", "| pair | P(A1 > A2) | resolved | curves cross at |", "|---|---|---|---|"]
   for p in r["pairs"]:
     prob, x = p["p_A1_greater"], p["crossover"]

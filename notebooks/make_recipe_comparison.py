@@ -1,0 +1,125 @@
+"""The cells of notebooks/recipe_comparison.ipynb: `python notebooks/build.py recipe_comparison` writes and executes
+the notebook and saves it with its outputs. Its data, notebooks/data/study_cpu.json, holds the evaluations of real runs of the CPU study
+(`python launch/study.py configs/studies/loo_cpu.yaml`, then `python notebooks/make_study_data.py runs/study_cpu`).
+"""
+
+CELLS = [
+    ("md", """# Which recipe wins, and when? A leave-one-out study in miniature
+
+The paper compares RL recipes by fitting each run's held-out pass rate $R$ against training compute $C$ with
+
+$$R(C) = R_0 + \\frac{A - R_0}{1 + (C_{mid}/C)^B}$$
+
+* $A$ — the **ceiling**: the pass rate the recipe approaches with unlimited compute;
+* $B$ — the **efficiency**: how steeply it climbs (larger $B$: the gain comes in a narrower compute range);
+* $C_{mid}$ — the compute at which half of the gain $A - R_0$ is reached.
+
+This notebook does that on **real runs** of this project: the CPU study (`configs/studies/loo_cpu.yaml`), where the
+ScaleRL recipe and its leave-one-out ablations each trained a small policy on the built-in addition task from two
+seeds. The evaluations of some of those runs are stored in `data/study_cpu.json`.
+
+Instead of one best-fit curve, we ask NumPyro for the **posterior**: every curve that is consistent with the
+measurements, weighted by how well it explains them. Its spread is our uncertainty; a 90 % interval on $A$ is a
+range that holds the ceiling with probability 0.9 under the model."""),
+    ("code", """import json
+import pathlib
+import tempfile
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from scalerl_jax import scaling
+from scalerl_jax.scaling import advice, plots, study
+
+%matplotlib inline
+
+data = json.loads(pathlib.Path("data/study_cpu.json").read_text())  # data["x"]: the compute axis
+print(data["source"])
+tmp = tempfile.TemporaryDirectory(prefix="recipes_nb_")  # removed when the kernel exits
+points = {}  # recipe -> [CurvePoints of each seed]
+for name, run in data["runs"].items():
+  run_dir = pathlib.Path(tmp.name) / name
+  run_dir.mkdir(parents=True)
+  (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in run["evals"]))  # the trainer's format
+  p = scaling.load_points(run_dir, x=data["x"])
+  points.setdefault(run["recipe"], []).append(p)
+print(f"{'recipe':<12} {'seeds':>5} {'evals':>6} {'R0':>6} {'final':>6}")
+for recipe, runs in points.items():
+  print(f"{recipe:<12} {len(runs):>5} {len(runs[0]):>6} {np.mean([p.reward[0] for p in runs]):6.3f} "
+        f"{np.mean([p.reward[-1] for p in runs]):6.3f}")"""),
+    ("md", """## One fit per recipe, across its seeds
+
+Two seeds of the same recipe should share a ceiling but may climb differently (random initialisation of the
+sampler, data order). The hierarchical model says exactly that: **one $A$ per recipe**, and for each seed its own
+$B$ and $C_{mid}$ drawn around recipe-level values whose spread is itself fitted. Each evaluation counts correct
+samples out of 512 held-out prompts × 4 samples, so the likelihood is binomial: a measurement of 0.70 from 2048
+samples is known to about ±0.01, and the fit weighs it accordingly. $R_0$ is fixed to each seed's step-0
+evaluation."""),
+    ("code", """fit = {"x": data["x"], "fit_upto": 1.0, "c_min": 0.0, "level": 0.9}
+fits = [study.fit_recipe(name, runs, fit, num_warmup=400, num_samples=800) for name, runs in points.items()]
+print(f"{'recipe':<12} {'A [90 % interval]':>22} {'B':>18} {'C_mid (' + data['x'] + ')':>30}  ceiling")
+for row in study.recipe_table(fits):
+  a, b, m = row["A"], row["B"], row["C_mid"]
+  ceiling = "identified" if row["ceiling_identified"] else "not identified: " + row["ceiling_why_not"]
+  print(f"{row['recipe']:<12} {a['median']:.3f} [{a['lo']:.3f}, {a['hi']:.3f}]   "
+        f"{b['median']:.2f} [{b['lo']:.2f}, {b['hi']:.2f}]   {m['median']:.3g} [{m['lo']:.3g}, {m['hi']:.3g}]  {ceiling}")
+fig = plots.plot_recipes(fits, unit=data["x"])
+plt.show()"""),
+    ("md", """The bands extend past the last measurement: that is the extrapolation. Where a band is wide, the runs
+have not yet shown where that recipe levels off.
+
+## Is one ceiling really higher?
+
+With two posteriors, $P(A_1 > A_2)$ is the fraction of pairs of draws in which the first recipe's ceiling is the
+higher one: near 1 or 0 the study resolves the difference; near 0.5 it cannot tell them apart. A recipe that
+climbs faster but levels off lower is overtaken somewhere: the **crossover** is the compute where the two curves
+meet, computed for many pairs of draws (so it comes with an interval, and with the fraction of draws in which the
+curves cross at all within 100× the compute the runs used)."""),
+    ("code", """for pair in study.compare_recipes(fits):
+  (r1, r2), p, x = pair["recipes"], pair["p_A1_greater"], pair["crossover"]
+  verdict = "resolved" if p >= 0.9 or p <= 0.1 else "not resolved"
+  cross = (f"cross at C = {x['median']:.3g} [{x['lo']:.3g}, {x['hi']:.3g}] ({100 * x['p_cross_in_range']:.0f} % of draws)"
+           if "median" in x else "no crossing in range")
+  print(f"{r1} vs {r2}: P(A1 > A2) = {p:.2f} ({verdict}); {cross}")"""),
+    ("md", """## Efficiency at a common ceiling
+
+$B$ values are only comparable at the same $A$ (a higher ceiling with the same half-way compute looks steeper).
+The paper therefore refits every recipe with $A$ fixed to a common value and compares the slopes of the
+linearised curves $\\ln F(R) = B \\ln C$: the steeper line gets there with less compute."""),
+    ("code", """fixed = study.fixed_a_comparison(fits)
+print(f"common A = {fixed['A_common']:.3f}; B: " +
+      ", ".join(f"{k} {v:.2f}" for k, v in sorted(fixed["B"].items(), key=lambda kv: -kv[1])))
+plots.plot_fixed_a(fits, fixed)
+plt.show()"""),
+    ("md", """## Early-stop advice: would this run reach the target?
+
+Halfway through a run, the question is practical: will it get to the pass rate we need, and when? We fit one run
+on the first half of its compute only and ask for $P(\\text{ceiling} > \\text{target})$ and the compute at which
+the target is reached (over the draws that reach it). `launch/fit_curve.py RUN_DIR --target 0.8` prints the same,
+and `curve_fit.target=0.8` makes the trainer log it at every evaluation (`predict/p_target`, `predict/c_target`).
+When the fitted half has not bent yet, the ceiling is not identified and the advice says so instead of
+pretending."""),
+    ("code", """recipe = "scalerl"
+full = points[recipe][0]
+first_half = full.take(full.compute <= 0.5 * full.compute[-1])  # what we would know halfway through
+half = scaling.analyse(first_half, fit_upto=1.0, bayes=True, num_warmup=400, num_samples=800, seed=0)
+print(f"{recipe}, seed 0, fitted on C <= {first_half.compute[-1]:.3g} ({len(first_half)} evaluations)")
+for target in (0.7, 0.8, 0.9):
+  print(advice.format_advice(advice.target_advice(half, target)))
+  hit = np.flatnonzero(full.reward >= target)
+  print("    the run itself: " + (f"first measured >= {target} at C = {full.compute[hit[0]]:.3g}" if hit.size else
+                                  f"never measured >= {target} (last {full.reward[-1]:.3f} at C = {full.compute[-1]:.3g})"))"""),
+    ("md", """## Reading it
+
+* A ceiling difference is real when $P(A_1 > A_2)$ is near 0 or 1 *and* each ceiling is identified. Here the
+  300-step runs of most recipes are still climbing: their intervals on $A$ run up to the model's bound of 1, the
+  table says "not identified", and their $P(A_1 > A_2)$ stay near 0.5 — the study cannot rank those ceilings yet,
+  only their early efficiency. PPO-off-policy-8 (loo_8op) is the difference this budget does resolve; its two
+  seeds also disagree strongly (one collapses), which a single shared $A$ describes badly: read its narrow
+  interval with that in mind.
+* $B$ is compared at a common $A$ only; a higher $B$ at a lower ceiling is a recipe that wins early and loses late —
+  the crossover says where.
+* The same analysis runs on any run directories: `python launch/study.py STUDY.yaml --report-only` writes it as
+  `study_report.md` with the plots."""),
+]
+
