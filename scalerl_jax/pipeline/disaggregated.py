@@ -11,8 +11,8 @@
     │ WeightBox ◄────────── "weights" b + 1 ───┼────────────────┤ publish params b + 1 (if mode publishes)  │
     └──────────────────────────────────────────┘                └──────────────────────────────────────────┘
 
-Every message goes through `distributed.Channel` (jax's cross-host device_put, headers in the coordination
-service's key-value store), in one fixed order per step: batch b, control b, weights b + 1. That order is the
+Every message goes through `distributed.Channel` (jax.experimental.transfer servers, headers in the
+coordination service's key-value store), in one fixed order per step: batch b, control b, weights b + 1. That order is the
 trainer's own (it needs batch b for step b and publishes b + 1 after it), so the generator never waits for
 anything the staleness bound does not already make it wait for: batch b + 1 may be complete before weights b + 1
 arrive (k >= 1) and then simply waits its turn on the generator process while decoding goes on. The staleness

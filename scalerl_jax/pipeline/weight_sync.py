@@ -21,8 +21,8 @@ Across processes (the generator mesh is process-local: one inference slice per p
                  the trainer processes, XLA's collectives), then each process copies its local replica into its
                  generator's rollout shardings;
   disaggregated  the same gather among the trainer processes, then trainer process 0 sends the replica from its
-                 first device to each generator process's first device (`distributed.Channel`: jax's cross-host
-                 `device_put`), where `WeightReceiver` lays it out in the rollout shardings and publishes it.
+                 first device to each generator process's first device (`distributed.Channel`:
+                 jax.experimental.transfer), where `WeightReceiver` lays it out in the rollout shardings and publishes it.
 Each sync's seconds and bytes are kept (`last_seconds`, `last_bytes`) and logged per step.
 """
 
