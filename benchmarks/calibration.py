@@ -40,20 +40,22 @@ from record import save_result  # benchmarks/record.py (this script's folder is 
 LEVELS = (0.5, 0.9)
 
 
-def evaluate_run(points, frac: float, c_min_frac: float, *, num_warmup: int = 500, num_samples: int = 1000) -> list[dict]:
+def evaluate_run(points, frac: float, c_min_frac: float, *, num_warmup: int = 500, num_samples: int = 1000,
+                 eval_noise: bool = False) -> list[dict]:
   """One row per fitter for one run, fit fraction and c_min: "paper" (least squares, R0 fixed), "numpyro_fixed_r0"
-  and "numpyro_free_r0" (R0 a parameter with the step-0 evaluation as data)."""
+  and "numpyro_free_r0" (R0 a parameter with the step-0 evaluation as data); with `eval_noise` also
+  "numpyro_free_r0_noise" (plus a fitted per-evaluation noise scale)."""
   c_last, final = float(points.compute[-1]), float(points.reward[-1])
   c = np.array([c_last])
   rows = []
-  for bayes_r0 in ("fixed", "free"):
+  for bayes_r0, noise in [("fixed", False), ("free", False)] + ([("free", True)] if eval_noise else []):
     t0 = time.perf_counter()
     run = analyse(points, fit_upto=frac, c_min=c_min_frac * c_last, bayes=True, bayes_r0=bayes_r0,
-                  num_warmup=num_warmup, num_samples=num_samples)
+                  num_warmup=num_warmup, num_samples=num_samples, eval_noise=noise)
     identified, why = advice.ceiling_status(run)
     common = {"run": points.name, "frac": frac, "c_min_frac": c_min_frac, "final": final, "identified": identified,
               "why_not": why, "n_fit": len(run.window.fit), "seconds": time.perf_counter() - t0}
-    if bayes_r0 == "fixed":  # the least-squares fit is the same in both
+    if bayes_r0 == "fixed":  # the least-squares fit is the same in all
       pred = float(run.lsq.params(c_last))
       row = {**common, "fitter": "paper", "predicted": pred, "abs_err": abs(pred - final)}
       for level in LEVELS:
@@ -62,7 +64,8 @@ def evaluate_run(points, frac: float, c_min_frac: float, *, num_warmup: int = 50
       rows.append(row)
     post = run.bayes
     med = float(post.band(c, 0.9)[1][0])
-    row = {**common, "fitter": f"numpyro_{bayes_r0}_r0", "predicted": med, "abs_err": abs(med - final),
+    row = {**common, "fitter": f"numpyro_{bayes_r0}_r0" + ("_noise" if noise else ""), "predicted": med,
+           "abs_err": abs(med - final),
            "likelihood": post.likelihood, "divergences": post.diagnostics["divergences"]}
     for level in LEVELS:
       lo, _, hi = (float(v[0]) for v in post.band(c, level, predictive=True))
@@ -95,6 +98,7 @@ def main(argv=None) -> Optional[dict]:
   ap.add_argument("--x", default="accelerator_seconds", help="the compute axis")
   ap.add_argument("--fracs", type=float, nargs="+", default=[0.25, 0.5])
   ap.add_argument("--c-min", type=float, nargs="+", default=[0.0], help="early-phase cuts, fractions of the run's C")
+  ap.add_argument("--eval-noise", action="store_true", help="also NumPyro with a fitted per-evaluation noise scale")
   ap.add_argument("--num-warmup", type=int, default=500)
   ap.add_argument("--num-samples", type=int, default=1000)
   ap.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results" / "calibration.json"))
@@ -110,7 +114,8 @@ def main(argv=None) -> Optional[dict]:
     for frac in args.fracs:
       for c_min in args.c_min:
         try:
-          rows += evaluate_run(points, frac, c_min, num_warmup=args.num_warmup, num_samples=args.num_samples)
+          rows += evaluate_run(points, frac, c_min, num_warmup=args.num_warmup, num_samples=args.num_samples,
+                               eval_noise=args.eval_noise)
         except CurveDataError as exc:
           skipped[f"{path} frac={frac} c_min={c_min}"] = str(exc)
     print(f"  {path}: done", flush=True)

@@ -44,3 +44,23 @@ def test_intervals_on_a_and_b_are_calibrated_with_a_free_r0(coverage):
 
 def test_fixing_r0_to_a_noisy_measurement_makes_the_interval_on_b_too_narrow(coverage):
   assert coverage["fixed"][1] < 0.85 <= coverage["free"][1], coverage
+
+
+def test_a_fitted_evaluation_noise_scale_finds_a_runs_own_wander():
+  """Points that wander off the curve by 0.3 on the logit scale (beyond binomial noise): `eval_noise` recovers the
+  scale and widens the predictive band accordingly; without it the band is the binomial one alone."""
+  from scalerl_jax.scaling.points import CurvePoints
+
+  rng = np.random.default_rng(3)
+  truth = SigmoidParams(A=0.8, B=1.5, C_mid=40.0, R0=0.3)
+  c = np.linspace(5.0, 120.0, 24)
+  logit = np.log(truth(c) / (1 - truth(c))) + 0.3 * rng.normal(size=c.size)
+  n = np.full(c.size, 2048)
+  k = rng.binomial(n, 1 / (1 + np.exp(-logit)))
+  pts = CurvePoints(c, k / n, k, n)
+  with_noise = bayes.fit_bayes(pts, 0.3, eval_noise=True, num_warmup=300, num_samples=600)
+  without = bayes.fit_bayes(pts, 0.3, num_warmup=300, num_samples=600)
+  assert "eval_sigma" not in without.samples
+  assert 0.15 < float(np.median(with_noise.samples["eval_sigma"])) < 0.5
+  width = lambda f: np.subtract(*f.band(np.array([150.0]), predictive=True)[::-2])[0]  # noqa: E731  hi - lo
+  assert width(with_noise) > 1.5 * width(without)

@@ -57,13 +57,14 @@ class RunFit:
 def analyse(points: CurvePoints, *, fit_upto: float = 0.5, c_min: float = 0.0, method: str = "paper",
             bayes: bool = False, fit_r0: bool = False, likelihood: str = "auto", num_warmup: int = 500,
             num_samples: int = 1000, seed: int = 0, level: float = 0.9, lsq_kwargs: Optional[dict] = None,
-            bayes_r0: Optional[str] = None) -> RunFit:
+            bayes_r0: Optional[str] = None, eval_noise: bool = False) -> RunFit:
   """Splits `points` (see `points.split`) and fits the window; R0 is fixed to the first point unless fit_r0.
 
   fit_r0 fits R0 as well (then the start point joins the fitted data, and method must be "free").
   bayes_r0 ("fixed" | "free"; default BAYES_R0, or "free" with fit_r0) decides the same for the NumPyro fit
   alone, so the paper's least-squares procedure can keep R0 fixed while the posterior accounts for the noise of
-  the one evaluation that measures it.
+  the one evaluation that measures it. `eval_noise` adds a fitted per-evaluation noise scale to the NumPyro model
+  (bayes._observe; an experiment of the calibration benchmark, off by default).
   """
   bayes_r0 = bayes_r0 or ("free" if fit_r0 else BAYES_R0)
   if bayes_r0 not in ("fixed", "free"):
@@ -87,7 +88,7 @@ def analyse(points: CurvePoints, *, fit_upto: float = 0.5, c_min: float = 0.0, m
     free = bayes_r0 == "free" and len(window.start) > 0
     post = bayes_lib.fit_bayes(join_points(window.start, window.fit) if free else window.fit, window.r0,
                                likelihood=likelihood, fit_r0=free, num_warmup=num_warmup, num_samples=num_samples,
-                               seed=seed)
+                               seed=seed, eval_noise=eval_noise)
   return RunFit(points, window, lsq, power, post, level)
 
 

@@ -50,9 +50,15 @@ def _mean_curve(log_c, pos, a, b, log_c_mid, r0):
   return r0 + (a - r0) * s
 
 
-def _observe(mu, d, likelihood: str):
-  """The likelihood of the points; mu and the data arrays are [N] (or [K, N] over seeds), padding masked out."""
+def _observe(mu, d, likelihood: str, eval_noise: bool = False):
+  """The likelihood of the points; mu and the data arrays are [N] (or [K, N] over seeds), padding masked out.
+  `eval_noise`: each evaluation's pass rate also wanders off the curve, logit(p_i) = logit(mu_i) + s z_i with
+  z_i ~ Normal(0, 1) and s ~ HalfNormal(0.3) fitted (a run's own fluctuation, beyond the evaluation's sampling)."""
   mu = jnp.clip(mu, 1e-6, 1 - 1e-6)
+  if eval_noise:
+    s = numpyro.sample("eval_sigma", dist.HalfNormal(0.3))
+    z = numpyro.sample("eval_z", dist.Normal(0.0, 1.0).expand(mu.shape).to_event(mu.ndim))
+    mu = jnp.clip(jax.nn.sigmoid(jax.scipy.special.logit(mu) + s * z), 1e-6, 1 - 1e-6)
   if likelihood == "gaussian":
     sigma = numpyro.sample("sigma", dist.HalfNormal(0.05))
     numpyro.sample("obs", dist.Normal(mu, sigma).mask(d["valid"]), obs=d["reward"])
@@ -81,7 +87,7 @@ def betabinomial_logpmf(alpha, beta, n: int):
   return log_choose + rise_a + rise_b[..., ::-1] - rise_ab
 
 
-def sigmoid_model(d: Dict[str, jnp.ndarray], likelihood: str, fit_r0: bool):
+def sigmoid_model(d: Dict[str, jnp.ndarray], likelihood: str, fit_r0: bool, eval_noise: bool = False):
   """One run (module docstring)."""
   r0 = numpyro.sample("R0", dist.Uniform(0.0, 1.0)) if fit_r0 else numpyro.deterministic("R0", d["r0"])
   u = numpyro.sample("u", dist.Uniform(0.0, 1.0))
@@ -90,10 +96,10 @@ def sigmoid_model(d: Dict[str, jnp.ndarray], likelihood: str, fit_r0: bool):
   log_m = numpyro.sample("log_C_mid", dist.Normal(d["loc"], d["scale"]))
   numpyro.deterministic("B", jnp.exp(log_b))
   numpyro.deterministic("C_mid", jnp.exp(log_m))
-  _observe(_mean_curve(d["log_c"], d["pos"], a, jnp.exp(log_b), log_m, r0), d, likelihood)
+  _observe(_mean_curve(d["log_c"], d["pos"], a, jnp.exp(log_b), log_m, r0), d, likelihood, eval_noise)
 
 
-def seeds_model(d: Dict[str, jnp.ndarray], likelihood: str, fit_r0: bool):
+def seeds_model(d: Dict[str, jnp.ndarray], likelihood: str, fit_r0: bool, eval_noise: bool = False):
   """K seeds sharing A; data arrays carry a leading seed axis [K, N] (module docstring)."""
   k = d["r0"].shape[0]
   if fit_r0:  # one R0 per seed, its C = 0 evaluation among the data; A above the highest
@@ -116,7 +122,7 @@ def seeds_model(d: Dict[str, jnp.ndarray], likelihood: str, fit_r0: bool):
   numpyro.deterministic("B", jnp.exp(log_b))
   numpyro.deterministic("C_mid", jnp.exp(log_m))
   mu = _mean_curve(d["log_c"], d["pos"], a, jnp.exp(log_b)[:, None], log_m[:, None], r0[:, None])
-  _observe(mu, d, likelihood)
+  _observe(mu, d, likelihood, eval_noise)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +154,9 @@ class BayesFit:
     mu = self.curves(c, seed)
     if predictive:
       rng = rng or np.random.default_rng(0)
+      if "eval_sigma" in self.samples:  # the run's own wander off the curve (eval_noise), then the evaluation's
+        logit = np.log(np.clip(mu, 1e-6, 1 - 1e-6)) - np.log1p(-np.clip(mu, 1e-6, 1 - 1e-6))
+        mu = 1.0 / (1.0 + np.exp(-(logit + rng.normal(size=mu.shape) * self.samples["eval_sigma"][:, None])))
       if self.likelihood == "gaussian":
         mu = mu + rng.normal(size=mu.shape) * self.samples["sigma"][:, None]
       elif self.likelihood == "binomial":
@@ -196,16 +205,17 @@ def _log_c_mid_prior(pts: Sequence[CurvePoints]) -> Tuple[float, float]:
 MODELS = {"sigmoid": sigmoid_model, "seeds": seeds_model}
 
 
-@functools.partial(jax.jit, static_argnames=("model_name", "likelihood", "fit_r0", "num_warmup", "num_samples"))
+@functools.partial(jax.jit, static_argnames=("model_name", "likelihood", "fit_r0", "num_warmup", "num_samples",
+                                             "eval_noise"))
 def _nuts_chain(rng_key, data, *, model_name: str, likelihood: str, fit_r0: bool, num_warmup: int,
-                num_samples: int):
+                num_samples: int, eval_noise: bool = False):
   """One NUTS chain (dense mass matrix, target acceptance 0.9) as a single jitted scan over warmup + samples.
 
   Built from numpyro's functional `hmc` API rather than `MCMC`, whose sampling loop is re-traced and
   re-compiled on every run: here the data are traced arguments, so a second fit of the same shapes and
   configuration reuses the compiled program (about 0.2 s instead of 5-20 s of XLA compilation on 2 cores).
   """
-  model = functools.partial(MODELS[model_name], likelihood=likelihood, fit_r0=fit_r0)
+  model = functools.partial(MODELS[model_name], likelihood=likelihood, fit_r0=fit_r0, eval_noise=eval_noise)
   init_key, chain_key = jax.random.split(rng_key)
   info = initialize_model(init_key, model, model_args=(data,), dynamic_args=True)
   init_kernel, sample_kernel = hmc(potential_fn_gen=info.potential_fn, algo="NUTS")
@@ -221,12 +231,14 @@ def _nuts_chain(rng_key, data, *, model_name: str, likelihood: str, fit_r0: bool
   return jax.vmap(info.postprocess_fn(data))(z), diverging[num_warmup:]
 
 
-def _run(model_name, data, likelihood, fit_r0, num_warmup, num_samples, num_chains, seed, pts) -> BayesFit:
+def _run(model_name, data, likelihood, fit_r0, num_warmup, num_samples, num_chains, seed, pts,
+         eval_noise: bool = False) -> BayesFit:
   data = jax.tree.map(jnp.asarray, data)
   keys = jax.random.split(jax.random.PRNGKey(seed), num_chains)
   runs = [_nuts_chain(k, data, model_name=model_name, likelihood=likelihood, fit_r0=fit_r0,
-                      num_warmup=num_warmup, num_samples=num_samples) for k in keys]
-  keep = ("A", "B", "C_mid", "R0", "sigma", "phi", "mu_log_B", "mu_log_C_mid")  # (mu_*: seeds model, recipe level)
+                      num_warmup=num_warmup, num_samples=num_samples, eval_noise=eval_noise) for k in keys]
+  keep = ("A", "B", "C_mid", "R0", "sigma", "phi", "mu_log_B", "mu_log_C_mid",  # (mu_*: seeds model, recipe level)
+          "eval_sigma")
   grouped = {k: np.stack([np.asarray(r[0][k], dtype=float) for r in runs]) for k in keep if k in runs[0][0]}
   samples = {k: v.reshape((-1,) + v.shape[2:]) for k, v in grouped.items()}
   chains = [grouped[k].reshape(num_chains, num_samples, -1) for k in ("A", "B", "C_mid")]
@@ -248,7 +260,8 @@ def _check_points(p: CurvePoints, fit_r0: bool):
 
 
 def fit_bayes(points: CurvePoints, r0: float, *, likelihood: str = "auto", fit_r0: bool = False,
-              num_warmup: int = 500, num_samples: int = 1000, num_chains: int = 1, seed: int = 0) -> BayesFit:
+              num_warmup: int = 500, num_samples: int = 1000, num_chains: int = 1, seed: int = 0,
+              eval_noise: bool = False) -> BayesFit:
   """Posterior of (A, B, C_mid[, R0]) for one run's fitted points (e.g. `Window.fit`) by NUTS.
 
   With fit_r0, `points` may include the start point at C = 0, and `r0` is unused.
@@ -259,7 +272,7 @@ def fit_bayes(points: CurvePoints, r0: float, *, likelihood: str = "auto", fit_r
   data = _arrays(points, n_pad, likelihood)
   loc, scale = _log_c_mid_prior([points])
   data.update(r0=np.float32(r0), loc=np.float32(loc), scale=np.float32(scale))
-  return _run("sigmoid", data, likelihood, fit_r0, num_warmup, num_samples, num_chains, seed, [points])
+  return _run("sigmoid", data, likelihood, fit_r0, num_warmup, num_samples, num_chains, seed, [points], eval_noise)
 
 
 def fit_bayes_seeds(points: Sequence[CurvePoints], r0: Sequence[float], *, likelihood: str = "auto",
