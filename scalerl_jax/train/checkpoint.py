@@ -305,8 +305,17 @@ class RunCheckpointer:
       if _OrbaxThread is not None and isinstance(t, _OrbaxThread) and t is not threading.current_thread():
         threading.Thread.join(t, max(0.0, deadline - time.monotonic()))  # (its own join re-raises its error)
     if jax.process_index() == 0:
-      for path in self.directory.glob(f"{step}{TMP_MARKER}*"):
-        shutil.rmtree(path, ignore_errors=True)
+      # writers that are not orbax threads (tensorstore's) may still create files for a moment: remove until the
+      # partial directory stays gone for two looks in a row (at most ~5 s)
+      quiet = 0
+      for _ in range(50):
+        partial = list(self.directory.glob(f"{step}{TMP_MARKER}*"))
+        for path in partial:
+          shutil.rmtree(path, ignore_errors=True)
+        quiet = 0 if partial else quiet + 1
+        if quiet >= 2:
+          break
+        time.sleep(0.1)
     with contextlib.suppress(Exception):  # else the listing below is what the manager knew
       self._mgr.reload()
     steps = self._mgr.all_steps()
