@@ -121,14 +121,20 @@ def prepare_run_dir(cfg, overwrite: bool) -> Optional[str]:
   return None
 
 
-def fail(message: str) -> None:
-  """Exit 2 with one line; in a multi-process run every other process stops too, printing it."""
-  text = f"{PROG}: error: {message}\n"
+def stop_peers(text: str, code: int) -> None:
+  """In a multi-process run: record `text` for the other processes (they print it and stop) and exit `code`
+  without waiting on them; otherwise return."""
   if "jax" in sys.modules:
     import jax
     if jax.distributed.is_initialized():  # (never starts a backend)
       from scalerl_jax import distributed
-      distributed.abort(text, 2)
+      distributed.abort(text, code)
+
+
+def fail(message: str) -> None:
+  """Exit 2 with one line; in a multi-process run every other process stops too, printing it."""
+  text = f"{PROG}: error: {message}\n"
+  stop_peers(text, 2)
   sys.stderr.write(text)
   raise SystemExit(2)
 
@@ -183,15 +189,11 @@ def main(argv=None) -> int:
   except Exception as exc:  # noqa: BLE001  (re-raised unless it is, or was caused by, a user error)
     cause = user_error(exc)
     if cause is None:
-      if multi:  # the others must not wait on this process in a collective: stop them with its traceback
-        from scalerl_jax import distributed
-        distributed.abort(traceback.format_exc(), 1)
+      stop_peers(traceback.format_exc(), 1)  # the others must not wait on this process in a collective
       raise
     fail(str(cause))
   except KeyboardInterrupt:  # a second Ctrl-C while a checkpoint was not being written
-    if multi:
-      from scalerl_jax import distributed
-      distributed.abort(f"{PROG}: interrupted\n", 130)
+    stop_peers(f"{PROG}: interrupted\n", 130)
     raise
   if main_process:
     print(final_report(cfg, summary))

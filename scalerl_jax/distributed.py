@@ -344,11 +344,9 @@ def allgather(record: Any, processes: Optional[Sequence[int]] = None) -> list[An
 
 
 def gather_json(record: Any, processes: Optional[Sequence[int]] = None) -> list[Any]:
-  """[record of each process in `processes` (default: all)] for a JSON-able record, on every one of them."""
-  processes = list(range(jax.process_count())) if processes is None else list(processes)
-  if len(processes) == 1:
-    return [record]
-  return [json.loads(b.decode()) for b in _allgather_bytes(json.dumps(record, sort_keys=True).encode(), processes)]
+  """`allgather` of a JSON-able record, each process's as read back from JSON (as a checkpoint stores them)."""
+  texts = allgather(json.dumps(record, sort_keys=True), processes)
+  return [record] if len(texts) == 1 else [json.loads(t) for t in texts]
 
 
 # ---- messages between processes ------------------------------------------------------------------------------
