@@ -31,6 +31,7 @@ class ConfigError(UserError, ValueError):
 ModelFamily = Literal["dense", "moe"]  # moe: mixture-of-experts MLPs (the model.num_experts keys)
 MoEDispatch = Literal["ragged", "dense"]  # ragged: sorted tokens + grouped matmul; dense: one-hot, tiny tests
 DType = Literal["float32", "bfloat16"]
+KVCacheDType = Literal["model", "float32", "bfloat16"]  # model: the compute dtype (model.dtype)
 RopeScaling = Literal["default", "llama3"]  # "llama3": Llama-3.1 frequency scaling (transformers' rope_type llama3)
 LossName = Literal["cispo", "reinforce", "grpo", "ppo", "dapo", "gspo"]
 Aggregation = Literal["prompt", "sample", "token", "seq_mean_token_sum"]
@@ -142,8 +143,11 @@ class InterruptionConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutConfig:
+class RolloutConfig(_Choices):
   max_slots: int = 512  # concurrent decode slots
+  # the decode KV cache's storage dtype: bfloat16 halves the bytes each decode step streams (attention casts on
+  # write and on read; the log-prob error against float32 is in benchmarks/RESULTS.md "Rollout engine")
+  kv_cache_dtype: KVCacheDType = "model"
   # budgets sized to the addition task (configs/cpu_default.yaml says why and what other tasks need)
   max_prefill_len: int = 10
   prefill_buckets: Tuple[int, ...] = (10,)
@@ -374,6 +378,7 @@ __all__ = [
     "DataConfig",
     "InterruptionConfig",
     "KLEstimator",
+    "KVCacheDType",
     "LoggingConfig",
     "LongPrompts",
     "LossConfig",
