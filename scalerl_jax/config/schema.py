@@ -267,6 +267,12 @@ class OptimizerConfig:
 class TrainerConfig:
   """How the trainer computes one optimizer step (the objective is `loss`, the update `optimizer`)."""
   micro_batches: int = 1  # the step batch runs in this many slices of whole groups (gradients accumulated)
+  # Groups the filters removed (zero variance: every sample scored the same) carry no loss and no gradient, and
+  # are not run through the model: the step batch is cut to the smallest of this many sizes (about
+  # prompts_per_step * j / batch_buckets groups, j = 1..batch_buckets) that holds the kept groups. Same loss,
+  # gradient and loss metrics; one compiled step per size used. 1: always the whole batch. MoE policies always
+  # train on the whole batch (their router losses count every token).
+  batch_buckets: int = 8
   # the trainer computes each prompt once per group instead of once per sample (same loss and gradient)
   shared_prompt: bool = True
   # a step whose loss or gradients are not finite is skipped (params and optimizer state untouched) and counted;

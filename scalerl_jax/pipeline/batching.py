@@ -4,6 +4,7 @@ The loss the train step runs on it is in `scalerl_jax.train.rl_loss`."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Optional, Sequence
 
@@ -85,3 +86,33 @@ def build_train_batch(packed: types.PackedRows, cfg: LossConfig,
   metrics = {k: float(v) for k, v in jax.device_get(prep.metrics).items()}
   metrics["pass_rate"] = float(np.mean(packed.success_PG))
   return batch, metrics
+
+
+def group_buckets(P: int, buckets: int, unit: int = 1) -> tuple[int, ...]:
+  """The group counts a step batch may be cut to (`trainer.batch_buckets` of them, ascending, each a multiple of
+  `unit`, the last P): ceil(P * j / buckets) for j = 1..buckets, rounded up to the unit."""
+  ceil = lambda a, b: -(-a // b)
+  sizes = {min(P, ceil(ceil(P * j, buckets), unit) * unit) for j in range(1, buckets + 1)}
+  return tuple(sorted(sizes | {P}))
+
+
+def kept_groups(batch: types.TrainBatch, G: int) -> np.ndarray:
+  """bool[P]: groups with any non-zero loss weight (the rest, zero-variance or empty, add nothing to the loss,
+  its gradient or the step's loss metrics, which count only tokens of weight > 0)."""
+  P = batch.advantages.shape[0] // G
+  return (np.any(batch.token_weights.reshape(P, -1) != 0, axis=1)
+          | np.any(batch.sample_weights.reshape(P, G) != 0, axis=1))
+
+
+def compact_groups(batch: types.TrainBatch, G: int, sizes: Sequence[int]) -> tuple[types.TrainBatch, int]:
+  """The step batch cut to the smallest of `sizes` (group counts) that holds every kept group: kept groups first,
+  in order, then filtered ones as padding (their weights are 0). Same loss, gradient and loss metrics as the
+  whole batch, on fewer rows. Returns (batch, its group count)."""
+  keep_P = kept_groups(batch, G)
+  groups = next((n for n in sizes if n >= keep_P.sum()), len(keep_P))
+  if groups == len(keep_P):
+    return batch, groups
+  order_P = np.concatenate([np.flatnonzero(keep_P), np.flatnonzero(~keep_P)])[:groups]
+  rows = (order_P[:, None] * G + np.arange(G)).reshape(-1)
+  take = lambda x: None if x is None else np.asarray(x)[rows]
+  return types.TrainBatch(**{f.name: take(getattr(batch, f.name)) for f in dataclasses.fields(batch)}), groups

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import pathlib
 import threading
 import time
@@ -43,7 +44,7 @@ from scalerl_jax.data.tokenizer import make_tokenizer
 from scalerl_jax.mesh import ROLLOUT_AXES, ROLLOUT_RULES, TRAIN_RULES, Layout, make_mesh
 from scalerl_jax.model import flops_per_token, make_policy
 from scalerl_jax.pipeline import step_metrics
-from scalerl_jax.pipeline.batching import build_train_batch, pack_groups, warm_prepare
+from scalerl_jax.pipeline.batching import build_train_batch, compact_groups, group_buckets, pack_groups, warm_prepare
 from scalerl_jax.pipeline.compute import ComputeMeter
 from scalerl_jax.pipeline.data_cursor import DataCursor
 from scalerl_jax.pipeline.held_out import Evaluator
@@ -127,8 +128,13 @@ class RLJob:
     self.train_step = make_train_step(loss_fn, self.optimizer, cfg.trainer.micro_batches, self.state_sh, self.batch_sh,
                                       metrics_init=rl.empty_metrics, metrics_combine=rl.accumulate_metrics,
                                       micro_batch_block=s.G if self.prompt_layout else 1)
-    # token positions the step runs through the model (each prompt once per group with the shared-prompt loss)
-    self.trained_tokens = self.prompt_layout.trained_tokens(s.B) if self.prompt_layout else s.B * s.T
+    # the group counts a step batch may be cut to (trainer.batch_buckets): whole micro-batches of whole groups,
+    # rows a multiple of the batch's shards; an MoE policy always trains on the whole batch
+    shards = s.global_B // self.batch_sh.tokens.shard_shape((s.global_B, s.T))[0]
+    unit = math.lcm(cfg.trainer.micro_batches, shards // math.gcd(shards, s.G))
+    self.buckets = (group_buckets(s.global_B // s.G, cfg.trainer.batch_buckets, unit)
+                    if not cfg.model.moe_layers else (s.global_B // s.G,))
+    self._step_fns: dict[int, Callable] = {}  # compiled train step per group count
     self._flops_per_token = lambda backward: flops_per_token(cfg.model, s.T // 2, backward=backward)
     self.admission = AdmissionPolicy.from_config(cfg.pipeline.mode, cfg.pipeline.max_lag)
     self.ckpt = (RunCheckpointer(self.run_dir / "checkpoints", cfg.checkpoint.keep,
@@ -160,6 +166,19 @@ class RLJob:
   def weights(self):
     """The WeightBox the generators read."""
     return self.sync.box
+
+  def trained_tokens(self, rows: int) -> int:
+    """Token positions a step of `rows` rows runs through the model (each prompt once per group with the
+    shared-prompt loss)."""
+    return self.prompt_layout.trained_tokens(rows) if self.prompt_layout else rows * self.shapes.T
+
+  def _step_for(self, groups: int) -> Callable:
+    """The train step compiled for a batch of `groups` groups (the whole batch's is compiled in setup; a smaller
+    bucket's on its first use, its compile time excluded from compute like any compilation)."""
+    if groups not in self._step_fns:
+      abstract = types.TrainBatch.abstract(groups * self.shapes.G, self.shapes.T, self.batch_sh, self.engine.routes_Xk)
+      self._step_fns[groups] = self.train_step.lower(self.state, abstract).compile()
+    return self._step_fns[groups]
 
   # ---- set-up ------------------------------------------------------------------------------------------
   def setup(self) -> None:
@@ -223,7 +242,7 @@ class RLJob:
     self.driver.first_uid = self.start_step * self._prompts_here
     abstract_batch = types.TrainBatch.abstract(self.shapes.global_B, self.shapes.T, self.batch_sh,
                                                self.engine.routes_Xk)
-    self._step_fn = self.train_step.lower(self.state, abstract_batch).compile()  # before the loop, not in it
+    self._step_fns[self.buckets[-1]] = self.train_step.lower(self.state, abstract_batch).compile()  # not in the loop
     warm_prepare(self.shapes, self.cfg.loss)
     every = self.cfg.logging.every_process
     logger = MetricsLogger(self.run_dir, self.cfg.logging.tensorboard and self.is_main,
@@ -256,9 +275,11 @@ class RLJob:
     packed = pack_groups(batch.groups, self.shapes.T, self.tokenizer.pad_id)
     self.admission.check(step, packed.versions_BT)
     train_batch, prepare_metrics = build_train_batch(packed, cfg.loss, self.prompt_layout)
+    train_batch, groups = compact_groups(train_batch, self.shapes.G, self.buckets)
+    trained_tokens = self.trained_tokens(groups * self.shapes.G)
     t_train = time.perf_counter()
     faults.point("train_step")
-    self.state, device_metrics = self._step_fn(self.state, distributed.from_global(train_batch, self.batch_sh))
+    self.state, device_metrics = self._step_for(groups)(self.state, distributed.from_global(train_batch, self.batch_sh))
     jax.block_until_ready(self.state.params)  # dispatch is asynchronous: wait, so train time is the step's own
     train_s = time.perf_counter() - t_train
     self.version = step + 1
@@ -283,8 +304,9 @@ class RLJob:
     # totals: calls, errors, timeouts, killed workers, failure rate (of every process that scores)
     host.update(step_metrics.merge_counters(self.remote["reward_metrics"]) if "reward_metrics" in self.remote
                 else self.rewards.metrics())
-    self.meter.count_tokens(host["rollout/tokens"], self.trained_tokens, self._flops_per_token)
-    self.log.hold(types.StepRecord(step, device_metrics, host, self.trained_tokens / train_s,
+    host["train/groups"] = groups
+    self.meter.count_tokens(host["rollout/tokens"], trained_tokens, self._flops_per_token)
+    self.log.hold(types.StepRecord(step, device_metrics, host, trained_tokens / train_s,
                                    time.perf_counter() - t0 + wait_s, wait_s))
     self.meter.train_busy_s += time.perf_counter() - t0
     self.log.logger.write_prompts(step, list(packed.prompt_ids))
