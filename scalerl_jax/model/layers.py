@@ -129,6 +129,67 @@ def rope(x_BTAH, sin_cos):
   return out.astype(x_BTAH.dtype)
 
 
+def _masked(logits_CJS, mask_BTS):
+  """fp32 logits with the keys a query may not see at the lowest float (C = B*K blocks, J = R*T queries)."""
+  B, T, S = mask_BTS.shape
+  C, J, _ = logits_CJS.shape
+  logits_BKRTS = logits_CJS.reshape(B, C // B, J // T, T, S)
+  return jnp.where(mask_BTS[:, None, None], logits_BKRTS, jnp.finfo(jnp.float32).min).reshape(C, J, S)
+
+
+def _softmax(logits_CJS):
+  """(probs, row max, row sum of exp): `jax.nn.softmax`'s arithmetic, keeping what the backward recomputes from."""
+  max_CJ1 = jnp.max(logits_CJS, axis=-1, keepdims=True)
+  exp_CJS = jnp.exp(logits_CJS - max_CJ1)
+  sum_CJ1 = jnp.sum(exp_CJS, axis=-1, keepdims=True)
+  return exp_CJS / sum_CJ1, max_CJ1, sum_CJ1
+
+
+def _attend_fwd(q_CJH, k_CSH, v_CSH, mask_BTS):
+  H = q_CJH.shape[-1]
+  logits_CJS = jnp.einsum("CJH,CSH->CJS", q_CJH, k_CSH, preferred_element_type=jnp.float32) * (H ** -0.5)
+  probs_CJS, max_CJ1, sum_CJ1 = _softmax(_masked(logits_CJS, mask_BTS))
+  out_CJH = jnp.einsum("CJS,CSH->CJH", probs_CJS.astype(q_CJH.dtype), v_CSH)
+  return out_CJH, (q_CJH, k_CSH, v_CSH, mask_BTS, max_CJ1, sum_CJ1, out_CJH)
+
+
+def _attend_bwd(res, dout_CJH):
+  """The softmax backward as FlashAttention writes it: with dP = dO V^T, dS = P * (dP - rowsum(dO * O)), since
+  rowsum(P * dP) = rowsum(dO * O). Autodiff's rowsum(P * dP) made XLA:CPU fuse the dP matmul into that reduction
+  and run it as a loop (~15 % of a 36M train step); here every matmul is a plain batched dot. P is recomputed from
+  the saved row max and sum (the forward's exact arithmetic) instead of kept: one [C, J, S] fp32 array less per
+  layer between forward and backward."""
+  q_CJH, k_CSH, v_CSH, mask_BTS, max_CJ1, sum_CJ1, out_CJH = res
+  H, dt = q_CJH.shape[-1], q_CJH.dtype
+  logits_CJS = jnp.einsum("CJH,CSH->CJS", q_CJH, k_CSH, preferred_element_type=jnp.float32) * (H ** -0.5)
+  probs_CJS = jnp.exp(_masked(logits_CJS, mask_BTS) - max_CJ1) / sum_CJ1
+  dv_CSH = jnp.einsum("CJS,CJH->CSH", probs_CJS.astype(dt), dout_CJH)
+  dprobs_CJS = jnp.einsum("CJH,CSH->CJS", dout_CJH, v_CSH, preferred_element_type=jnp.float32)
+  delta_CJ1 = jnp.sum(dout_CJH.astype(jnp.float32) * out_CJH.astype(jnp.float32), axis=-1, keepdims=True)
+  # masked keys get no gradient (a query that sees no key at all has uniform probs, but its logits are constants)
+  dlogits_CJS = _masked_zero(probs_CJS * (dprobs_CJS - delta_CJ1) * (H ** -0.5), mask_BTS).astype(dt)
+  dq_CJH = jnp.einsum("CJS,CSH->CJH", dlogits_CJS, k_CSH)
+  dk_CSH = jnp.einsum("CJS,CJH->CSH", dlogits_CJS, q_CJH)
+  return dq_CJH, dk_CSH, dv_CSH, None
+
+
+def _masked_zero(x_CJS, mask_BTS):
+  B, T, S = mask_BTS.shape
+  C, J, _ = x_CJS.shape
+  return jnp.where(mask_BTS[:, None, None], x_CJS.reshape(B, C // B, J // T, T, S), 0.0).reshape(C, J, S)
+
+
+@jax.custom_vjp
+def attend(q_CJH, k_CSH, v_CSH, mask_BTS):
+  """softmax(q k^T / sqrt(H), masked) v per block c = (row, KV head): q [C, J, H] (J = R*T queries, query
+  j = r*T + t), keys and values [C, S, H], mask_BTS: key s visible to query t of row b = c // K. fp32 logits and
+  softmax; probs cast to the compute dtype for the PV matmul. Gradients by `_attend_bwd`."""
+  return _attend_fwd(q_CJH, k_CSH, v_CSH, mask_BTS)[0]
+
+
+attend.defvjp(_attend_fwd, _attend_bwd)
+
+
 class Attention(nnx.Module):
   """Grouped-query attention with optional q/k/v biases, optional QK-norm and an explicit KV cache. Query head q
   reads key/value head q // R (transformers' repeat_kv order)."""
@@ -194,23 +255,19 @@ class Attention(nnx.Module):
     # One batch dim C: XLA:CPU runs these dots several times faster than with two batch dims (B, K), and
     # [B, K, S, H] reshapes to [C, S, H] for free.
     q_CJH = q_BTQH.reshape(B, T, K, R, H).transpose(0, 2, 3, 1, 4).reshape(B * K, R * T, H)
-    if cache is None:  # training / prefill: keys as computed
-      logits_CJS = jnp.einsum("CJH,CSH->CJS", q_CJH, keys_BKSH.reshape(B * K, S, H).astype(dt),
-                              preferred_element_type=jnp.float32)
-    else:  # decode: the cache's transposed keys
-      logits_CJS = jnp.einsum("CJH,CHS->CJS", q_CJH, keys_BKHS.reshape(B * K, H, S).astype(dt),
-                              preferred_element_type=jnp.float32)
-    logits_CJS = logits_CJS * (H ** -0.5)
-    logits_BKRTS = logits_CJS.reshape(B, K, R, T, S)
     # A query at absolute position p sees keys at positions <= p. With a cache, positions beyond a slot's
     # current length hold stale or zero keys and are excluded by the same test.
     mask_BTS = key_pos_BS[:, None, :] <= positions_BT[:, :, None]
     if key_ok_BS is not None:  # a prefix's padding slots are never visible
       mask_BTS = mask_BTS & key_ok_BS[:, None, :]
-    logits_BKRTS = jnp.where(mask_BTS[:, None, None], logits_BKRTS, jnp.finfo(jnp.float32).min)
-    probs_BKRTS = jax.nn.softmax(logits_BKRTS, axis=-1).astype(dt)
-    out_CJH = jnp.einsum("CJS,CSH->CJH", probs_BKRTS.reshape(B * K, R * T, S),
-                         values_BKSH.reshape(B * K, S, H).astype(dt))
+    if cache is None:  # training / prefill: keys as computed
+      out_CJH = attend(q_CJH, keys_BKSH.reshape(B * K, S, H).astype(dt), values_BKSH.reshape(B * K, S, H).astype(dt),
+                       mask_BTS)
+    else:  # decode: the cache's transposed keys
+      logits_CJS = jnp.einsum("CJH,CHS->CJS", q_CJH, keys_BKHS.reshape(B * K, H, S).astype(dt),
+                              preferred_element_type=jnp.float32)
+      probs_CJS = _softmax(_masked(logits_CJS * (H ** -0.5), mask_BTS))[0].astype(dt)
+      out_CJH = jnp.einsum("CJS,CSH->CJH", probs_CJS, values_BKSH.reshape(B * K, S, H).astype(dt))
     out_BTQH = out_CJH.reshape(B, K, R, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, Q, H)
     out_BTD = dense(out_BTQH, self.o[...].astype(dt), contract=2)
     return out_BTD, new_cache
