@@ -1,0 +1,113 @@
+"""TRL's side of benchmarks/compare_peers.py: trl.GRPOTrainer (transformers generate on CPU, PyTorch from PyPI)
+training the benchmark's Qwen3ForCausalLM, loaded from its safetensors checkpoint. Runs in TRL's own virtual
+environment: no scalerl_jax import.
+
+    python benchmarks/peers/trl_worker.py SPEC.json     # speaks peer_common's JSON-lines protocol
+
+Rounds are cut by a TrainerCallback: at the end of each optimizer step it reports the step and, once a round's steps
+are done, blocks on the driver's next command. One generation batch per optimizer step (steps_per_generation = 1,
+num_iterations = 1): on-policy. Sampling time is `GRPOTrainer._generate`; training time runs from the end of
+`_generate_and_score_completions` (sampling, reward, advantages) to the step's end (forward, backward, optimizer).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import peer_common  # noqa: E402
+
+
+def grpo_args(spec: dict, out_dir: str):
+  """default: GRPOConfig's own optimizer settings (AdamW, linear decay to 0 over max_steps, weight decay 0, clip 1)
+  at the benchmark's lr; matched: constant lr. Gradient checkpointing (on by default in GRPOConfig) is off: it only
+  recomputes activations, which costs time and saves memory this model does not need. loss_type=grpo (each sample's
+  token mean, averaged over samples; TRL's default is dapo), rewards scaled by each group's std, beta 0."""
+  from trl import GRPOConfig
+  matched = spec["optimizer"] == "matched"
+  return GRPOConfig(
+      output_dir=out_dir, per_device_train_batch_size=spec["prompts_per_step"] * spec["samples"],
+      gradient_accumulation_steps=1, num_generations=spec["samples"], steps_per_generation=1, num_iterations=1,
+      max_completion_length=spec["max_new_tokens"], temperature=spec["temperature"], top_p=1.0, top_k=0,
+      learning_rate=spec["lr"], lr_scheduler_type="constant" if matched else "linear", warmup_steps=0,
+      weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
+      beta=0.0, loss_type="grpo", scale_rewards="group", max_steps=spec["max_steps"], shuffle_dataset=False,
+      logging_steps=10 ** 9, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
+      gradient_checkpointing=False, dataloader_num_workers=0, seed=spec["seed"], disable_tqdm=True)
+
+
+def main() -> None:
+  import importlib.metadata as md
+  proto = peer_common.Protocol()
+  spec = peer_common.load_spec(sys.argv)
+  t0 = time.perf_counter()
+  import datasets
+  import torch
+  import transformers
+  from trl import GRPOTrainer
+
+  torch.manual_seed(spec["seed"])
+  tokenizer = transformers.AutoTokenizer.from_pretrained(spec["checkpoint"], padding_side="left")
+  model = transformers.AutoModelForCausalLM.from_pretrained(spec["checkpoint"], dtype=torch.float32)
+  prompts = peer_common.read_jsonl(spec["prompts"])
+  source = peer_common.prompt_batches(prompts, spec["prompts_per_step"])
+  ordered = [r for _ in range(spec["max_steps"] + 2) for r in next(source)]
+  dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in ordered])
+  clock, state = peer_common.StepClock(), {"tokens": 0, "rewards": [], "left": 0, "step": 0, "t_scored": None}
+
+  def reward(prompts, completions, answer, **kwargs):
+    scores = [peer_common.digit_fraction(c, a) for c, a in zip(completions, answer)]
+    state["rewards"].extend(scores)
+    return scores
+
+  def wait_for_round() -> bool:
+    cmd = proto.command()
+    if cmd["cmd"] != "run":
+      return False
+    state["left"] = int(cmd["steps"])
+    clock.start_round()
+    return True
+
+  class Rounds(transformers.TrainerCallback):
+    def on_step_end(self, args, tstate, control, **kwargs):
+      clock.add("train_s", time.perf_counter() - state["t_scored"])
+      n = len(state["rewards"])
+      proto.send(clock.end_step(state["step"], state["tokens"], n, sum(state["rewards"]) / max(n, 1)))
+      state.update(step=state["step"] + 1, tokens=0, rewards=[], left=state["left"] - 1)
+      if state["left"] == 0:
+        proto.send({"done": True})
+        if not wait_for_round():
+          control.should_training_stop = True
+      return control
+
+  trainer = GRPOTrainer(model=model, reward_funcs=reward, args=grpo_args(spec, spec["run_dir"]),
+                        train_dataset=dataset, processing_class=tokenizer, callbacks=[Rounds()])
+  generate, score = trainer._generate, trainer._generate_and_score_completions
+
+  def timed_generate(prompts):
+    t = time.perf_counter()
+    out = generate(prompts)
+    clock.add("gen_s", time.perf_counter() - t)
+    state["tokens"] += sum(len(ids) for ids in out[1])
+    return out
+
+  def timed_score(batch):
+    out = score(batch)
+    state["t_scored"] = time.perf_counter()
+    return out
+
+  trainer._generate, trainer._generate_and_score_completions = timed_generate, timed_score
+  params = sum(p.numel() for p in model.parameters())
+  versions = {p: md.version(p) for p in ("trl", "torch", "transformers", "accelerate", "datasets")}
+  proto.send({"ready": True, "info": {"system": "trl", "packages": versions, "params": int(params),
+                                      "torch_threads": torch.get_num_threads(),
+                                      "loss": "GRPOConfig(loss_type=grpo, beta=0, scale_rewards=group)",
+                                      "optimizer": spec["optimizer"], "setup_s": time.perf_counter() - t0}})
+  if wait_for_round():
+    trainer.train()
+
+
+if __name__ == "__main__":
+  main()
