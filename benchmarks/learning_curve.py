@@ -22,7 +22,7 @@ from record import save_result  # benchmarks/record.py (this script's folder is 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def run_seed(seed: int, steps, extra, workdir: pathlib.Path) -> dict:
+def run_seed(seed: int, steps, extra, workdir: pathlib.Path, target: float = 0.9) -> dict:
   run_dir = workdir / f"seed{seed}"
   cmd = [sys.executable, str(ROOT / "launch" / "train.py"), f"run_dir={run_dir}", f"seed={seed}", f"data.seed={seed}",
          f"warm_start.cache_dir={workdir / 'ws_cache'}", "logging.progress=false", *extra]
@@ -45,10 +45,14 @@ def run_seed(seed: int, steps, extra, workdir: pathlib.Path) -> dict:
 
   t20, s20 = first_time(0.20)
   t40, s40 = first_time(0.40)
+  t_target, s_target = first_time(target - r0)
   best = max(evals, key=lambda r: r["eval/pass_rate"])
+  after = [r["eval/pass_rate"] for r in evals if s_target is not None and r["step"] >= s_target]
   return {
       "seed": seed, "warm_start_pass_rate": r0, "rl_start_s": round(evals[0]["time/unix"] - start, 1),
       "t_plus_0.20_s": t20, "step_plus_0.20": s20, "t_plus_0.40_s": t40, "step_plus_0.40": s40,
+      "target": target, "t_target_s": t_target, "step_target": s_target, "min_after_target": min(after, default=None),
+      "steps_per_s_median": _steps_per_s(rows),
       "best": best["eval/pass_rate"], "best_step": best["step"], "final": evals[-1]["eval/pass_rate"],
       "greedy_start": evals[0].get("eval/greedy_pass_at_1"), "greedy_final": evals[-1].get("eval/greedy_pass_at_1"),
       "total_s": round(total, 1), "report": proc.stdout.strip().splitlines()[-8:],
@@ -58,20 +62,30 @@ def run_seed(seed: int, steps, extra, workdir: pathlib.Path) -> dict:
   }
 
 
+def _steps_per_s(rows) -> float:
+  """1 / the median wall time between consecutive training steps (evaluation steps included)."""
+  t = sorted(r["time/unix"] for r in rows if "train/loss" in r)
+  gaps = sorted(b - a for a, b in zip(t, t[1:]))
+  return round(1 / gaps[len(gaps) // 2], 2) if gaps else None
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   parser.add_argument("--steps", type=int, default=None)
+  parser.add_argument("--target", type=float, default=0.9, help="report when held-out mean@n first reached this")
   parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "learning_curve.json"))
   parser.add_argument("overrides", nargs="*")
   args = parser.parse_args()
   results = []
   with tempfile.TemporaryDirectory() as tmp:
     for seed in args.seeds:
-      results.append(run_seed(seed, args.steps, args.overrides, pathlib.Path(tmp)))
+      results.append(run_seed(seed, args.steps, args.overrides, pathlib.Path(tmp), args.target))
       r = results[-1]
       print(f"seed {seed}: warm start {r['warm_start_pass_rate']:.3f} (RL from {r['rl_start_s']} s) | +0.20 at "
-            f"{r['t_plus_0.20_s']} s | +0.40 at {r['t_plus_0.40_s']} s (step {r['step_plus_0.40']}) | best "
+            f"{r['t_plus_0.20_s']} s | +0.40 at {r['t_plus_0.40_s']} s (step {r['step_plus_0.40']}) | "
+            f"{args.target} at {r['t_target_s']} s (step {r['step_target']}, min after {r['min_after_target']}) | "
+            f"median step {1 / r['steps_per_s_median']:.3f} s | best "
             f"{r['best']:.3f} @ step {r['best_step']} | final {r['final']:.3f} | greedy {r['greedy_start']:.3f} -> "
             f"{r['greedy_final']:.3f} | total {r['total_s']} s", flush=True)
   save_result(args.out, {"results": results})
