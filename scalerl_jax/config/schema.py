@@ -272,7 +272,7 @@ class TrainerConfig:
   # prompts_per_step * j / batch_buckets groups, j = 1..batch_buckets) that holds the kept groups. Same loss,
   # gradient and loss metrics; one compiled step per size used. 1: always the whole batch. MoE policies always
   # train on the whole batch (their router losses count every token).
-  batch_buckets: int = 8
+  batch_buckets: int = 4
   # the trainer computes each prompt once per group instead of once per sample (same loss and gradient)
   shared_prompt: bool = True
   # a step whose loss or gradients are not finite is skipped (params and optimizer state untouched) and counted;
