@@ -94,9 +94,12 @@ class Policy:
   def logits(self, params: Params, h_BTD):
     return self.module(params).logits(h_BTD)
 
-  def init_cache(self, batch: int, length: int) -> list[LayerCache]:
+  def init_cache(self, batch: int, length: int, dtype: str = "model") -> list[LayerCache]:
+    """Zero KV cache of `batch` rows and `length` positions per layer, stored in `dtype` (a config name, or
+    "model": model.dtype; attention casts on write and on read, so bfloat16 halves the bytes decode streams)."""
     c = self.cfg
-    zeros = lambda *shape: jnp.zeros((batch, c.num_kv_heads) + shape, dtype_of(c.dtype))
+    dt = dtype_of(c.dtype if dtype == "model" else dtype)
+    zeros = lambda *shape: jnp.zeros((batch, c.num_kv_heads) + shape, dt)
     return [LayerCache(zeros(c.head_dim, length), zeros(length, c.head_dim)) for _ in range(c.num_layers)]
 
 

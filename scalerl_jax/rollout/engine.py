@@ -68,7 +68,7 @@ class Prefix:
 @dataclasses.dataclass(frozen=True)
 class DecodeState:
   """Everything the decode loop carries, one row per slot."""
-  cache: list  # list[LayerCache], k [B, K, H, S], v [B, K, S, H]
+  cache: list  # list[LayerCache], k [B, K, H, S], v [B, K, S, H], in rollout.kv_cache_dtype
   token_B: jax.Array  # int32 next input token
   pos_B: jax.Array  # int32 its absolute position
   n_gen_B: jax.Array  # int32 tokens emitted so far (forced included)
@@ -187,8 +187,9 @@ class Engine:
     zi = lambda *shape: jnp.zeros((B,) + shape, jnp.int32)
     zb = lambda: jnp.zeros((B,), bool)
     return DecodeState(
-        cache=self.policy.init_cache(B, self.cache_len), token_B=zi(), pos_B=zi(), n_gen_B=zi(), active_B=zb(),
-        key_B=jax.random.split(jax.random.key(0), B), budget_B=zi(), force_B=zi() - 1, think_done_B=zb(),
+        cache=self.policy.init_cache(B, self.cache_len, self.cfg.kv_cache_dtype), token_B=zi(), pos_B=zi(),
+        n_gen_B=zi(), active_B=zb(), key_B=jax.random.split(jax.random.key(0), B), budget_B=zi(),
+        force_B=zi() - 1, think_done_B=zb(),
         interrupted_B=zb(), answer_left_B=zi(), truncated_B=zb(),
         recent_BW=zi(max(1, len(self.end_marker_ids))) - 1,
         prompt_routes_BLXk=None if self.routes_Xk is None else jnp.full(
