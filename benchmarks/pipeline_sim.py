@@ -546,11 +546,11 @@ def real_run(mode: str, k: int, steps: int, skip: int, root: pathlib.Path) -> di
                    "prompt_len": cfg.rollout.max_prefill_len}}
 
 
-def predict(run: dict, skip: int, seed: int = 0) -> dict:
-  """The simulator fed one real run's sizes, measured costs and completion lengths."""
-  w, e = run["work"], run["engine"]
+def predict(run: dict, skip: int, seed: int = 0, costs: Optional[dict] = None) -> dict:
+  """The simulator fed one real run's sizes, completion lengths and measured costs (or those of the run `costs`)."""
+  w, e, c = run["work"], run["engine"], costs or run
   work = Workload(w["prompts"], w["samples"], w["prompt_len"], empirical_lengths(run["lengths"]))
-  r = simulate(run["mode"], run["k"], run["steps"], work, GenCost(**run["gen_cost"]), TrainCost(**run["train_cost"]),
+  r = simulate(run["mode"], run["k"], run["steps"], work, GenCost(**c["gen_cost"]), TrainCost(**c["train_cost"]),
                replicas=1, slots=e["slots"], chunk=e["chunk"], seed=seed, skip=skip, until=run["steps"] - 1)
   return r.summary()
 
@@ -558,7 +558,6 @@ def predict(run: dict, skip: int, seed: int = 0) -> dict:
 def check_main(a) -> None:
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
   sys.path.insert(0, str(ROOT))  # tests.pipeline_helpers (the reward), scalerl_jax
-  from record import save_result
   import tempfile
   root = pathlib.Path(tempfile.mkdtemp(prefix="pipeline_sim_check_"))
   out = []
@@ -571,18 +570,29 @@ def check_main(a) -> None:
     print(f"{mode:<13} k={k}: {run['wall_s']:.0f} s; gen idle {m['gen_idle_frac']:.3f} measured, "
           f"{p['gen_idle_frac']:.3f} predicted; trainer wait {m['trainer_wait_frac']:.3f} / "
           f"{p['trainer_wait_frac']:.3f}", flush=True)
+  report(out, a)
+
+
+def report(out: list, a) -> None:
+  from record import save_result
+  # out of sample: every run predicted from the costs one other run measured (PipelineRL-1: it overlaps)
+  ref = next((r for r in out if (r["mode"], r["k"]) == ("pipeline", 1)), None)
+  for run in out:
+    run["predicted_from_k1_costs"] = predict(run, a.skip, costs=ref) if ref is not None else None
   print(f"\nreal pipeline on 8 fake CPU devices (4 generator + 4 trainer) vs the simulator fed each run's measured "
-        f"costs; {a.steps} steps, measured from step {a.skip}")
-  print(f"{'mode':<13} {'k':>2}  {'gen idle real':>13} {'sim':>6} {'diff':>6}  {'trn wait real':>13} {'sim':>6} "
-        f"{'diff':>6}  {'lag real':>8} {'sim':>5}  {'s/step real':>11} {'sim':>6}")
+        f"costs ('x' : fed PipelineRL-1's costs instead); {a.steps} steps, measured from step {a.skip}")
+  print(f"{'mode':<13} {'k':>2}  {'gen idle real':>13} {'sim':>6} {'diff':>6} {'x':>6}  {'trn wait real':>13} "
+        f"{'sim':>6} {'diff':>6} {'x':>6}  {'lag real':>8} {'sim':>5}  {'s/step real':>11} {'sim':>6}")
   for run in out:
     m, p = run["measured"], run["predicted"]
+    x = run["predicted_from_k1_costs"] or {"gen_idle_frac": float("nan"), "trainer_wait_frac": float("nan")}
     run["diff"] = {key: p[key] - m[key] for key in ("gen_idle_frac", "trainer_wait_frac")}
     real_step = m["window_s"] / (a.steps - a.skip - 1)
     sim_step = p["makespan_s"] / a.steps
     print(f"{run['mode']:<13} {run['k']:>2}  {m['gen_idle_frac']:>13.3f} {p['gen_idle_frac']:>6.3f} "
-          f"{run['diff']['gen_idle_frac']:>+6.3f}  {m['trainer_wait_frac']:>13.3f} {p['trainer_wait_frac']:>6.3f} "
-          f"{run['diff']['trainer_wait_frac']:>+6.3f}  {m['lag_mean']:>8.2f} {p['lag_mean']:>5.2f}  "
+          f"{run['diff']['gen_idle_frac']:>+6.3f} {x['gen_idle_frac']:>6.3f}  {m['trainer_wait_frac']:>13.3f} "
+          f"{p['trainer_wait_frac']:>6.3f} {run['diff']['trainer_wait_frac']:>+6.3f} {x['trainer_wait_frac']:>6.3f}  "
+          f"{m['lag_mean']:>8.2f} {p['lag_mean']:>5.2f}  "
           f"{real_step:>11.3f} {sim_step:>6.3f}")
   worst = max(abs(d) for run in out for d in run["diff"].values())
   print(f"largest |predicted - measured| idle/wait fraction: {worst:.3f} (goal: within 0.1)")
