@@ -303,7 +303,7 @@ def run_workload(w: Workload, args, pythons: dict) -> dict:
   print_table(w, rows)
   return {"shape": {**dataclasses.asdict(w), "kv_cache": w.kv_cache, "params": assets["params"]},
           "rows": rows, "workers": {wk.variant.name: wk.info for wk in workers},
-          "records": {n: rs for n, rs in rounds.items()}}
+          "per_round": {n: [round_metrics(r) for r in rs] for n, rs in rounds.items()}}  # round 0: warm-up
 
 
 def goals(results: dict) -> dict:
