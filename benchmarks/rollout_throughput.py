@@ -267,23 +267,35 @@ def bf16_cache_logprob_error(engine: Engine, params, prompts, new_tokens: int = 
           "mean_logprob": float(fp32.mean())}
 
 
-def _op_category(op_name: str) -> str:
-  """Where a decode-loop op's time goes, read off its HLO op_name (the jax source op that produced it)."""
-  if "CJH,CHS->CJS" in op_name:
-    return "attention QK dots (cache keys read)"
-  if "CJS,CSH->CJH" in op_name:
-    return "attention PV dots (cache values read)"
-  if "scatter" in op_name:
-    return "cache update scatter"
-  if "dot_general" in op_name and "sampling" not in op_name and "_inverse_cdf" not in op_name:
-    return "weight matmuls (incl. LM head)"
-  if "uniform" in op_name or "threefry" in op_name or "fold_in" in op_name:
-    return "random numbers (once per call)"
-  if any(s in op_name for s in ("log_softmax", "_pad", "take_along_axis", "triu", "cumsum")):
-    return "sampling"
-  if "softmax" in op_name or "_where" in op_name or "reduce_max" in op_name:
-    return "attention softmax / mask"
-  return "other (norms, RoPE, residuals, bookkeeping)"
+def _op_categories(hlo: str) -> dict:
+  """{HLO instruction name: where its time goes} for a compiled module's text. Read off the structure, since
+  layout passes can drop the metadata of the attention dots: a batched `dot` (or one named by attention's einsum)
+  is attention (one [J, H] x [H, S] or [J, S] x [S, H] per row and KV head: the cache read), another fusion
+  holding a dot is a weight matmul (the LM head's is fused with log-softmax's max), one holding a scatter is the
+  cache update; the rest by their jax op name."""
+  import re
+  bodies = dict(re.findall(r"\n(%[\w.\-]+) [^\n]*\{\n(.*?)\n\}", hlo, flags=re.S))
+  out = {}
+  for m in re.finditer(r"\n\s*(?:ROOT )?%([\w.\-]+) = \S+ ([\w\-]+)\(([^\n]*)", hlo):
+    name, opcode, rest = m.groups()
+    op_name = (re.search(r'op_name="([^"]*)"', rest) or re.search("", "")).group(1) if "op_name" in rest else ""
+    calls = re.search(r"calls=(%[\w.\-]+)", rest)
+    body = bodies.get(calls.group(1), "") if calls else ""
+    if (opcode == "dot" and "lhs_batch_dims" in rest) or "CJH,CHS->CJS" in op_name or "CJS,CSH->CJH" in op_name:
+      out[name] = "attention dots (QK and PV: the cache read)"
+    elif " scatter(" in body or opcode == "scatter":
+      out[name] = "cache update scatter"
+    elif " dot(" in body or opcode == "dot":
+      out[name] = "sampling" if "_inverse_cdf" in op_name or "sampling" in op_name else "weight matmuls (incl. LM head)"
+    elif any(k in op_name for k in ("uniform", "threefry", "fold_in")):
+      out[name] = "random numbers (once per call)"
+    elif any(k in op_name for k in ("log_softmax", "_pad", "take_along_axis", "_inverse_cdf", "sampling")):
+      out[name] = "sampling"
+    elif any(k in op_name for k in ("softmax", "_where", "reduce_max", "exp")):
+      out[name] = "attention softmax / mask"
+    elif opcode not in ("parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional"):
+      out[name] = "other (norms, RoPE, residuals, bookkeeping)"
+  return out
 
 
 def decode_profile(engine: Engine, params, state, calls: int = 3) -> dict:
@@ -291,11 +303,10 @@ def decode_profile(engine: Engine, params, state, calls: int = 3) -> dict:
   threads; tracing inflates small ops, so compare shares, not the sum with the untraced step time)."""
   import collections
   import glob
-  import re
   import tempfile
   hlo = engine._generate.lower(params, state, np.int32(0), steps=engine.cfg.decode_chunk,
                                sampling=engine.default_sampling).compile().as_text()
-  op_name = {m.group(1): m.group(2) for m in re.finditer(r"%([\w.\-]+) = [^\n]*?op_name=\"([^\"]*)\"", hlo)}
+  category = _op_categories(hlo)
   with tempfile.TemporaryDirectory() as d:
     jax.profiler.start_trace(d)
     for _ in range(calls):
@@ -307,8 +318,8 @@ def decode_profile(engine: Engine, params, state, calls: int = 3) -> dict:
   for plane in trace.planes:
     for line in plane.lines:
       for ev in line.events:
-        if ev.name in op_name:
-          ns[_op_category(op_name[ev.name])] += ev.duration_ns
+        if ev.name in category:
+          ns[category[ev.name]] += ev.duration_ns
   steps = calls * engine.cfg.decode_chunk
   return {f"profile_ms_{k}": v / steps / 1e6 for k, v in ns.most_common()}, state
 
