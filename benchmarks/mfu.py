@@ -78,7 +78,8 @@ def machine() -> dict:
   dev = jax.devices()[0]
   return {"nproc": len(os.sched_getaffinity(0)), "cpu_model": cpu, "jax": jax.__version__,
           "backend": jax.default_backend(), "device": getattr(dev, "device_kind", str(dev)),
-          "devices": jax.device_count(), "matmul_precision": str(jax.config.jax_default_matmul_precision)}
+          "devices": jax.device_count(),
+          "matmul_precision": str(getattr(jax.config, "jax_default_matmul_precision", "unknown"))}
 
 
 def uptime() -> str:
