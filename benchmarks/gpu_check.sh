@@ -63,16 +63,42 @@ step() {  # step NAME SECONDS SCRIPT ARGS...: one timed python step, its log in 
 
 if [[ $MODE == prepare ]]; then
   OUT="$(mktemp -d)"
-  echo "running the CPU smoke to record what the check imports (log in $OUT)"
-  GPU_CHECK_IMPORTS="$OUT/imports.txt" PYTHON="$PY" "$0" --cpu-smoke --out "$OUT/smoke" || exit 1
-  # provided by the jax install (jax[cuda] brings these), or the project itself / packaging tools
-  mapfile -t DISTS < <(sort -u "$OUT/imports.txt" | grep -v -i -x -E \
-      'jax|jaxlib|jax[-_]cuda.*|numpy|scipy|ml[-_]dtypes|opt[-_]einsum|scalerl[-_]jax|setuptools|pip|wheel|nvidia.*')
+  if [[ -n ${GPU_CHECK_IMPORTS_FROM:-} ]]; then  # a list recorded before (skips the smoke run)
+    cp "$GPU_CHECK_IMPORTS_FROM" "$OUT/imports.txt"
+  else
+    echo "running the CPU smoke to record what the check imports (log in $OUT)"
+    GPU_CHECK_IMPORTS="$OUT/imports.txt" PYTHON="$PY" "$0" --cpu-smoke --out "$OUT/smoke" || exit 1
+  fi
+  # the recorded distributions and everything they require (an import the smoke did not reach may need it),
+  # pinned to this environment's versions, less what the jax install brings and the project itself
+  # shellcheck disable=SC2046
+  mapfile -t PINS < <("$PY" - "$PYVER" $(sort -u "$OUT/imports.txt") <<'EOF'
+import importlib.metadata as md, re, sys
+from packaging.requirements import Requirement
+norm = lambda s: re.sub(r"[-_.]+", "-", s).lower()
+env = {"python_version": sys.argv[1], "python_full_version": sys.argv[1] + ".0", "sys_platform": "linux",
+       "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix", "extra": "",
+       "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+skip = re.compile(r"jax|jaxlib|jax-cuda.*|jax-plugins.*|numpy|scipy|ml-dtypes|opt-einsum|scalerl-jax|setuptools|pip|"
+                  r"wheel|nvidia-.*")
+seen, todo = {}, list(sys.argv[2:])
+while todo:
+  name = todo.pop()
+  if norm(name) in seen or skip.fullmatch(norm(name)):  # the jax install's (and the project's) own
+    continue
+  try:
+    dist = md.distribution(name)
+  except md.PackageNotFoundError:
+    continue
+  seen[norm(name)] = f"{dist.metadata['Name']}=={dist.version}"
+  for line in dist.requires or []:
+    req = Requirement(line)
+    if req.marker is None or req.marker.evaluate(env):
+      todo.append(req.name)
+print("\n".join(pin for _, pin in sorted(seen.items())))
+EOF
+)
   mkdir -p "$WHEELS"
-  PINS=()
-  for d in "${DISTS[@]}"; do
-    PINS+=("$d==$("$PY" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$d")")
-  done
   echo "downloading ${#PINS[@]} wheels for CPython $PYVER manylinux x86_64: ${PINS[*]}"
   "$PY" -m pip download --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_27_x86_64 \
