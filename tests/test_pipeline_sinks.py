@@ -18,3 +18,29 @@ def test_metrics_jsonl_and_tensorboard_names(tmp_path, caplog):
   tags = {k for e in events for k in e if k != "step"}
   assert {"eval/pass_at_4", "eval/mean_at_4", "train/loss"} <= tags and not any("@" in t for t in tags)
   assert not [r for r in caplog.records if "illegal" in r.getMessage()]
+
+
+def test_generator_idle_fraction_is_of_the_time_since_the_previous_step(tmp_path):
+  """Not of the time since the start (which counts compilation as busy): each flush sees the generator's idle
+  and busy seconds since the one before; a new generator whose totals start again at 0 is followed."""
+  from scalerl_jax import rl, types
+  from scalerl_jax.pipeline.compute import ComputeMeter
+  from scalerl_jax.pipeline.orchestrator import GeneratorStats
+  from scalerl_jax.pipeline.sinks import ProgressBar
+  from scalerl_jax.pipeline.step_metrics import StepLog
+
+  logger = MetricsLogger(tmp_path, tensorboard=False)
+  log = StepLog(logger, ProgressBar(False, 3, 0, "test"), ComputeMeter(1, 1, True), evaluate=dict)
+  device = {**rl.empty_metrics(), "grad_norm": 1.0, "update_norm": 1.0, "skipped": 0}
+  stats = GeneratorStats()
+  fracs = []
+  for step, (idle, busy) in enumerate([(1.0, 9.0), (3.0, 1.0), (0.0, 1.0)]):
+    if step == 2:
+      stats = GeneratorStats()  # restarted: its totals begin again
+    stats.idle_s += idle
+    stats.busy_s += busy
+    log.hold(types.StepRecord(step, device, {"rollout/tokens": 10}, 1.0, 1.0, 0.0))
+    log.flush(stats)
+  logger.close()
+  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["pipeline/generator_idle_frac"] for r in rows] == [0.1, 0.75, 0.0]  # cumulative would read 4 / 14

@@ -76,8 +76,9 @@ def task_metrics(batch: types.ScoredBatch) -> dict:
   return out
 
 
-def finish(record: types.StepRecord, generator_stats=None) -> dict:
-  """The step's full metrics once its device scalars are ready (read one step late)."""
+def finish(record: types.StepRecord, generator_stats=None, generator_window=None) -> dict:
+  """The step's full metrics once its device scalars are ready (read one step late). `generator_window`: the
+  generator's (idle, busy) seconds since the previous logged step (default: its totals)."""
   device = jax.device_get(record.device_metrics)
   out = {**record.host_metrics,
          **{f"train/{k}": v for k, v in rl.finalize_metrics({k: v for k, v in device.items()
@@ -91,9 +92,9 @@ def finish(record: types.StepRecord, generator_stats=None) -> dict:
   out["train/tokens_per_s"] = record.train_tokens_per_s
   out["rollout/tokens_per_s"] = record.host_metrics["rollout/tokens"] / step_s
   if generator_stats is not None:
-    g = generator_stats
-    out["pipeline/generator_idle_frac"] = g.idle_s / max(g.idle_s + g.busy_s, 1e-9)
-    out["pipeline/in_flight_weight_updates"] = g.in_flight_updates
+    idle, busy = generator_window or (generator_stats.idle_s, generator_stats.busy_s)
+    out["pipeline/generator_idle_frac"] = idle / max(idle + busy, 1e-9)
+    out["pipeline/in_flight_weight_updates"] = generator_stats.in_flight_updates
   return out
 
 
@@ -147,6 +148,7 @@ class StepLog:
                advise: Optional[Callable[[dict], dict]] = None):
     self.logger, self.bar, self.meter, self._evaluate, self._advise = logger, bar, meter, evaluate, advise
     self._pending: Optional[types.StepRecord] = None
+    self._generator_seen = (0.0, 0.0)  # the generator's idle and busy seconds at the last flush
 
   def hold(self, record: types.StepRecord) -> None:
     """Keeps the step just dispatched (the previous one must have been flushed: its compute is counted first)."""
@@ -159,7 +161,14 @@ class StepLog:
       return
     record, self._pending = self._pending, None
     self.meter.tick()
-    out = finish(record, generator_stats)
+    window = None
+    if generator_stats is not None:  # idle fraction since the previous flush, not since the start (compilation)
+      idle, busy = self._generator_seen
+      if generator_stats.idle_s < idle or generator_stats.busy_s < busy:  # a new generator: totals from 0
+        idle = busy = 0.0
+      window = (generator_stats.idle_s - idle, generator_stats.busy_s - busy)
+      self._generator_seen = (generator_stats.idle_s, generator_stats.busy_s)
+    out = finish(record, generator_stats, window)
     if generator_stats is not None:
       self.meter.gen_busy_s = generator_stats.busy_s
     if evaluate:
