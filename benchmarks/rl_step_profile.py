@@ -14,6 +14,7 @@ Runs the real job (`RLJob`, configs/cpu_default.yaml plus the dotted overrides) 
   weight_copy  publishing the new params into the rollout layout
   metrics      the step's metrics: device half read one step late, sinks, progress bar
   eval         held-out evaluation (every pipeline.eval_every steps)
+  checkpoint   the orbax checkpoint (every checkpoint.every_steps steps)
 
 Blocking on the prefill and decode calls removes the small overlap of host work with device work that the real
 loop has (on one shared CPU device there is little). Prints each stage's median per step (ms), its share of the
@@ -43,7 +44,8 @@ from scalerl_jax.config import load_config  # noqa: E402
 from scalerl_jax.pipeline import job as job_lib, step_metrics, weight_sync  # noqa: E402
 from scalerl_jax.rollout import driver as driver_lib, engine as engine_lib  # noqa: E402
 
-STAGES = ("admission", "prefill", "decode", "collect", "reward", "batch", "train", "weight_copy", "metrics", "eval")
+STAGES = ("admission", "prefill", "decode", "collect", "reward", "batch", "train", "weight_copy", "metrics", "eval",
+          "checkpoint")
 
 
 class StageClock:
@@ -106,6 +108,7 @@ def instrument(clock: StageClock) -> None:
   wrap(step_metrics.StepLog, "hold", clock, "metrics")
   wrap(J, "_flush", clock, "metrics")
   wrap(J, "evaluate", clock, "eval")
+  wrap(J, "checkpoint", clock, "checkpoint")
   step_for = J._step_for
 
   def timed_step_for(self, groups):

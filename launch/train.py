@@ -14,6 +14,7 @@ raised it; anything else is a bug and keeps its traceback.
 
 import argparse
 import logging
+import os
 import pathlib
 import shutil
 import sys
@@ -170,6 +171,7 @@ def main(argv=None) -> int:
   except UserError as exc:
     fail(str(exc))
   setup_logging(args.verbose)
+  set_cpu_devices(cfg.mesh.cpu_devices)
   explicit = args.coordinator or args.num_processes or args.process_id is not None
   multi = start_processes(args) if explicit or (not args.single_process and _cluster_detected()) else False
   main_process = not multi or _process_index() == 0
@@ -198,6 +200,14 @@ def main(argv=None) -> int:
   if main_process:
     print(final_report(cfg, summary))
   return job.exit_code
+
+
+def set_cpu_devices(count: int) -> None:
+  """mesh.cpu_devices: how many XLA devices the CPU platform shows (before any jax backend starts); an explicit
+  --xla_force_host_platform_device_count in XLA_FLAGS is left alone."""
+  if count and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    import jax
+    jax.config.update("jax_num_cpu_devices", count)
 
 
 def _cluster_detected() -> bool:
