@@ -207,7 +207,10 @@ def set_cpu_devices(count: int) -> None:
   --xla_force_host_platform_device_count in XLA_FLAGS is left alone."""
   if count and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     import jax
-    jax.config.update("jax_num_cpu_devices", count)
+    try:
+      jax.config.update("jax_num_cpu_devices", count)
+    except RuntimeError as exc:  # jax already started in this process (main() called from Python): keep its devices
+      logging.getLogger(PROG).warning("mesh.cpu_devices=%d not applied: %s", count, exc)
 
 
 def _cluster_detected() -> bool:

@@ -30,7 +30,7 @@ def command(run_dir: pathlib.Path, overrides: list[str]) -> list[str]:
 
 
 def child_env(faults: Optional[str]) -> dict:
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "SCALERL_FAULTS")}  # one CPU device
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "SCALERL_FAULTS")}  # mesh.cpu_devices decides
   env["PYTHONUNBUFFERED"] = "1"
   env["PYTHONPATH"] = str(ROOT)  # the reward function lives in tests/ (user code on the user's path)
   env.setdefault("JAX_PLATFORMS", "cpu")

@@ -1,7 +1,7 @@
 """Fault injection: kill -9 a short training run at seeded failpoints in every phase, resume it, and check that no
 data or progress was lost (issue 18, Deliver 1 and 2).
 
-Each scenario starts launch/train.py (the tiny config of tests/pipeline_helpers.py, one CPU device) as a child
+Each scenario starts launch/train.py (the tiny config of tests/pipeline_helpers.py, the default CPU devices) as a child
 process with SCALERL_FAULTS set to a seeded choice of (failpoint, hit count, delay) in one phase (warm start,
 rollout, train step, checkpoint write, weight sync, evaluation; scalerl_jax/faults.py), asserts that it died of
 SIGKILL (a child that exits by itself means the scenario chose a point the run never reaches), checks the

@@ -21,8 +21,9 @@ def test_metrics_jsonl_and_tensorboard_names(tmp_path, caplog):
 
 
 def test_generator_idle_fraction_is_of_the_time_since_the_previous_step(tmp_path):
-  """Not of the time since the start (which counts compilation as busy): each flush sees the generator's idle
-  and busy seconds since the one before; a new generator whose totals start again at 0 is followed."""
+  """Not of the time since the start (which counts compilation as busy): each step sees the generator's idle and
+  busy seconds between its hold and the previous step's, however early it is flushed; a new generator whose totals
+  start again at 0 is followed, and the compute meter adds up the busy seconds per step."""
   from scalerl_jax import rl, types
   from scalerl_jax.pipeline.compute import ComputeMeter
   from scalerl_jax.pipeline.orchestrator import GeneratorStats
@@ -39,8 +40,11 @@ def test_generator_idle_fraction_is_of_the_time_since_the_previous_step(tmp_path
       stats = GeneratorStats()  # restarted: its totals begin again
     stats.idle_s += idle
     stats.busy_s += busy
-    log.hold(types.StepRecord(step, device, {"rollout/tokens": 10}, 1.0, 1.0, 0.0))
-    log.flush(stats)
+    log.hold(types.StepRecord(step, device, {"rollout/tokens": 10}, 1.0, 1.0, 0.0), stats)
+    stats.idle_s += 100.0  # after the hold: belongs to the next step's window, whenever this one is flushed
+    log.flush(stats, evaluate=step == 1)  # an evaluation's early flush does not shorten the window
+    stats.idle_s -= 100.0
   logger.close()
   rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [r["pipeline/generator_idle_frac"] for r in rows] == [0.1, 0.75, 0.0]  # cumulative would read 4 / 14
+  assert log.meter.gen_busy_s == 11.0  # 9 + 1 + 1, the restarted generator's too

@@ -25,7 +25,7 @@ def _command(run_dir):
 
 
 def _env(**extra):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device: the colocated default
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the default: mesh.cpu_devices, colocated
   env.update(extra)
   env["PYTHONUNBUFFERED"] = "1"
   env["PYTHONPATH"] = str(ROOT)  # the reward function lives in tests/ (user code on the user's path)

@@ -277,9 +277,12 @@ class RLJob:
     train_batch, prepare_metrics = build_train_batch(packed, cfg.loss, self.prompt_layout)
     train_batch, groups = compact_groups(train_batch, self.shapes.G, self.buckets)
     trained_tokens = self.trained_tokens(groups * self.shapes.G)
+    t_compile = time.perf_counter()
+    step_fn = self._step_for(groups)  # a bucket's first use compiles: not the step's time
     t_train = time.perf_counter()
+    compile_s = t_train - t_compile
     faults.point("train_step")
-    self.state, device_metrics = self._step_for(groups)(self.state, distributed.from_global(train_batch, self.batch_sh))
+    self.state, device_metrics = step_fn(self.state, distributed.from_global(train_batch, self.batch_sh))
     jax.block_until_ready(self.state.params)  # dispatch is asynchronous: wait, so train time is the step's own
     train_s = time.perf_counter() - t_train
     self.version = step + 1
@@ -307,8 +310,8 @@ class RLJob:
     host["train/groups"] = groups
     self.meter.count_tokens(host["rollout/tokens"], trained_tokens, self._flops_per_token)
     self.log.hold(types.StepRecord(step, device_metrics, host, trained_tokens / train_s,
-                                   time.perf_counter() - t0 + wait_s, wait_s))
-    self.meter.train_busy_s += time.perf_counter() - t0
+                                   time.perf_counter() - t0 - compile_s + wait_s, wait_s), self._gen_stats)
+    self.meter.train_busy_s += time.perf_counter() - t0 - compile_s
     self.log.logger.write_prompts(step, list(packed.prompt_ids))
     if self.version == cfg.pipeline.steps or (cfg.pipeline.eval_every and self.version % cfg.pipeline.eval_every == 0):
       self._flush(evaluate=True)

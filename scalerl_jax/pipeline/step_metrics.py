@@ -148,29 +148,31 @@ class StepLog:
                advise: Optional[Callable[[dict], dict]] = None):
     self.logger, self.bar, self.meter, self._evaluate, self._advise = logger, bar, meter, evaluate, advise
     self._pending: Optional[types.StepRecord] = None
-    self._generator_seen = (0.0, 0.0)  # the generator's idle and busy seconds at the last flush
+    self._generator_seen = (0.0, 0.0)  # the generator's idle and busy seconds at the last hold
+    self._window: Optional[tuple[float, float]] = None
 
-  def hold(self, record: types.StepRecord) -> None:
-    """Keeps the step just dispatched (the previous one must have been flushed: its compute is counted first)."""
+  def hold(self, record: types.StepRecord, generator_stats=None) -> None:
+    """Keeps the step just dispatched (the previous one must have been flushed: its compute is counted first),
+    with the generator's idle and busy seconds since the previous step was held (taken here, at the same point
+    of every step, so an early flush for an evaluation or a checkpoint does not shorten the window)."""
     if self._pending is not None:
       raise RuntimeError(f"step {self._pending.step} was never flushed")
-    self._pending = record
+    self._pending, self._window = record, None
+    if generator_stats is not None:
+      idle, busy = self._generator_seen
+      if generator_stats.idle_s < idle or generator_stats.busy_s < busy:  # a new generator: totals from 0
+        idle = busy = 0.0
+      self._window = (generator_stats.idle_s - idle, generator_stats.busy_s - busy)
+      self._generator_seen = (generator_stats.idle_s, generator_stats.busy_s)
 
   def flush(self, generator_stats=None, evaluate: bool = False) -> None:
     if self._pending is None:
       return
     record, self._pending = self._pending, None
     self.meter.tick()
-    window = None
-    if generator_stats is not None:  # idle fraction since the previous flush, not since the start (compilation)
-      idle, busy = self._generator_seen
-      if generator_stats.idle_s < idle or generator_stats.busy_s < busy:  # a new generator: totals from 0
-        idle = busy = 0.0
-      window = (generator_stats.idle_s - idle, generator_stats.busy_s - busy)
-      self._generator_seen = (generator_stats.idle_s, generator_stats.busy_s)
-    out = finish(record, generator_stats, window)
-    if generator_stats is not None:
-      self.meter.gen_busy_s = generator_stats.busy_s
+    out = finish(record, generator_stats, self._window)
+    if self._window is not None:  # added up per step: a resumed run's new generator starts its totals at 0
+      self.meter.gen_busy_s += self._window[1]
     if evaluate:
       out.update(self._evaluate())
     out.update(self.meter.metrics())
