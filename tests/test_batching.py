@@ -1,15 +1,18 @@
 """The step batch cut to the groups that carry loss (`trainer.batch_buckets`): bucket sizes, which groups are
 kept, and the same loss, gradient and loss metrics as the whole batch on fewer rows."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 
-from scalerl_jax import rl, types
+from scalerl_jax import rl
 from scalerl_jax.config import LossConfig, ModelConfig
 from scalerl_jax.model import Policy
 from scalerl_jax.pipeline.batching import compact_groups, group_buckets, kept_groups
 from scalerl_jax.train.rl_loss import PromptLayout, make_rl_loss
+from tests.model_helpers import rl_batch
 
 CFG = ModelConfig(vocab_size=32, hidden=32, intermediate=64, num_layers=1, num_heads=2, num_kv_heads=2, head_dim=8,
                   max_seq_len=16)
@@ -26,19 +29,11 @@ def test_buckets_are_multiples_of_the_unit_and_end_at_the_whole_batch():
 
 def _batch(rewards_PG, loss_cfg):
   """A shared-prompt step batch (ragged prompts and completions) with rl.prepare's advantages and weights."""
-  rng = np.random.default_rng(0)
-  B, T = P * G, WIDTH + N
-  prompt_len = np.repeat(rng.integers(2, WIDTH + 1, P), G).astype(np.int32)
-  tokens = rng.integers(0, CFG.vocab_size, (B, T)).astype(np.int32)
-  mask = np.zeros((B, T), np.float32)
-  for b in range(B):
-    tokens[b, :prompt_len[b]] = tokens[b - b % G, :prompt_len[b]]
-    mask[b, prompt_len[b]:prompt_len[b] + rng.integers(1, N + 1)] = 1
-  prep = rl.prepare(rewards_PG, mask, np.zeros((P, G), bool), loss_cfg)
-  gen = np.where(mask > 0, -rng.uniform(0.5, 3.0, (B, T)), 0).astype(np.float32)
-  return types.TrainBatch(tokens=tokens, loss_mask=mask, gen_logprobs=gen, advantages=np.asarray(prep.advantages),
-                          token_weights=np.asarray(prep.token_weights),
-                          sample_weights=np.asarray(prep.sample_weights), prompt_lengths=prompt_len)
+  batch = rl_batch(P, G, WIDTH, N, CFG.vocab_size, seed=0)
+  prep = rl.prepare(rewards_PG, batch.loss_mask, np.zeros((P, G), bool), loss_cfg)
+  return dataclasses.replace(batch, advantages=np.asarray(prep.advantages),
+                             token_weights=np.asarray(prep.token_weights),
+                             sample_weights=np.asarray(prep.sample_weights))
 
 
 # groups 1, 3, 4 and 6 score the same on every sample (zero variance): filtered

@@ -15,6 +15,7 @@ from scalerl_jax.train.rl_loss import PromptLayout, make_rl_loss
 from scalerl_jax.train.state import init_train_state, make_optimizer, state_shardings
 from scalerl_jax.train.step import make_train_step, split_micro_batches
 from scalerl_jax.types import TrainBatch
+from tests.model_helpers import rl_batch
 
 CFG = ModelConfig(vocab_size=32, hidden=32, intermediate=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                   max_seq_len=16)
@@ -86,26 +87,11 @@ def test_split_micro_batches_keeps_groups_whole():
     split_micro_batches(rows, 2, block=4)
 
 
-def _rl_batch(P: int, G: int, width: int, N: int) -> TrainBatch:
-  """Groups of G rows sharing a ragged prompt, ragged completions, CISPO inputs normalised over the batch."""
-  rng = np.random.default_rng(3)
-  B, T = P * G, width + N
-  prompt_len = np.repeat(rng.integers(2, width + 1, P), G).astype(np.int32)
-  tokens = rng.integers(0, CFG.vocab_size, (B, T)).astype(np.int32)
-  mask = np.zeros((B, T), np.float32)
-  for b in range(B):
-    tokens[b, :prompt_len[b]] = tokens[b - b % G, :prompt_len[b]]
-    mask[b, prompt_len[b]:prompt_len[b] + rng.integers(1, N + 1)] = 1
-  gen = np.where(mask > 0, -rng.uniform(0.5, 3.0, (B, T)), 0).astype(np.float32)
-  return TrainBatch(tokens=tokens, loss_mask=mask, gen_logprobs=gen, advantages=rng.normal(size=B).astype(np.float32),
-                    token_weights=mask / mask.sum(), sample_weights=np.full(B, 1 / B, np.float32), prompt_lengths=prompt_len)
-
-
 def test_shared_prompt_rl_step_equals_full_rows_sharded_and_micro_batched():
   """The RL loss that computes each prompt once per group (micro-batches of whole groups, fsdp x tensor mesh)
   takes the same optimizer steps as the full-row loss on one device."""
   P, G, width, N = 8, 4, 5, 6
-  batch = _rl_batch(P, G, width, N)
+  batch = rl_batch(P, G, width, N, CFG.vocab_size)
   policy, opt = Policy(CFG), make_optimizer(OPT)
   loss_cfg = LossConfig(name="cispo")
 
