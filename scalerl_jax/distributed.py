@@ -130,7 +130,9 @@ def _client():
 
 def abort(text: str, code: int = 1) -> None:
   """Records this process's failure for the others (their Watchdog prints `text` and exits), then exits `code`
-  without waiting for jax's shutdown barrier (the peers may be blocked in a collective)."""
+  without waiting for jax's shutdown barrier (the peers may be blocked in a collective). Process 0 holds the
+  coordination service: it first gives the others a few seconds to exit (a peer that outlives the service is
+  killed by jax with SIGABRT instead of its own status)."""
   if jax.process_count() > 1:
     try:
       _client().key_value_set(ABORT_KEY, f"{code}\nprocess {jax.process_index()}: {text}")
@@ -138,7 +140,31 @@ def abort(text: str, code: int = 1) -> None:
       pass
   sys.stderr.write(text if text.endswith("\n") else text + "\n")
   sys.stderr.flush()
+  _exit_after_peers(code)
+
+
+def _exit_after_peers(code: int, wait_s: float = 5.0) -> None:
+  """os._exit(code); a process other than 0 first says it is leaving, process 0 waits (bounded) for them all."""
+  if jax.process_count() > 1:
+    try:
+      client, me = _client(), jax.process_index()
+      client.key_value_set(f"{ABORT_KEY}/exited/{me}", "1", allow_overwrite=True)
+      if me == 0:
+        deadline = time.monotonic() + wait_s
+        for i in range(1, jax.process_count()):
+          while not _has_key(client, f"{ABORT_KEY}/exited/{i}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except Exception:  # noqa: BLE001 (the service is gone or the key absent: nothing left to wait for)
+      pass
   os._exit(code)
+
+
+def _has_key(client, key: str) -> bool:
+  try:
+    client.key_value_try_get(key)
+    return True
+  except Exception:  # noqa: BLE001 (NOT_FOUND)
+    return False
 
 
 def aborted() -> Optional[str]:
@@ -177,7 +203,7 @@ class Watchdog(threading.Thread):
       code, _, text = text.partition("\n")
       sys.stderr.write(f"stopping process {jax.process_index()}: another process failed.\n{text}\n")
       sys.stderr.flush()
-      os._exit(int(code) if code.isdigit() else 1)
+      _exit_after_peers(int(code) if code.isdigit() else 1)
 
 
 def code_version() -> str:
