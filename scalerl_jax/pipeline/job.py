@@ -240,9 +240,7 @@ class RLJob:
     self.version = self.start_step
     # samples of batch b draw from keys derived from their admission number: continue the numbering on resume
     self.driver.first_uid = self.start_step * self._prompts_here
-    abstract_batch = types.TrainBatch.abstract(self.shapes.global_B, self.shapes.T, self.batch_sh,
-                                               self.engine.routes_Xk)
-    self._step_fns[self.buckets[-1]] = self.train_step.lower(self.state, abstract_batch).compile()  # not in the loop
+    self._step_for(self.buckets[-1])  # the whole batch's step compiles here, before the loop
     warm_prepare(self.shapes, self.cfg.loss)
     every = self.cfg.logging.every_process
     logger = MetricsLogger(self.run_dir, self.cfg.logging.tensorboard and self.is_main,
