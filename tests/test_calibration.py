@@ -1,7 +1,10 @@
 """Calibration of the NumPyro fit on synthetic runs with known curves and known noise: the 90 % posterior intervals
 on A and on B hold the truth in 85-95 % of runs (benchmarks/curve_fit_quality.py measures the same on 200 runs),
 with the model the project uses (R0 a parameter, the step-0 evaluation one more binomial point), and not with R0
-fixed to that evaluation's noisy value, whose intervals on B are too narrow."""
+fixed to that evaluation's noisy value, whose intervals on B are too narrow. The wander terms (bayes._observe) find a
+run's own fluctuation off its curve."""
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -46,21 +49,101 @@ def test_fixing_r0_to_a_noisy_measurement_makes_the_interval_on_b_too_narrow(cov
   assert coverage["fixed"][1] < 0.85 <= coverage["free"][1], coverage
 
 
-def test_a_fitted_evaluation_noise_scale_finds_a_runs_own_wander():
-  """Points that wander off the curve by 0.3 on the logit scale (beyond binomial noise): `eval_noise` recovers the
-  scale and widens the predictive band accordingly; without it the band is the binomial one alone."""
+def _wandering_run(f, seed=3):
+  """A sigmoid run whose pass rate is off the curve by f (logit scale), measured with binomial noise."""
   from scalerl_jax.scaling.points import CurvePoints
 
-  rng = np.random.default_rng(3)
   truth = SigmoidParams(A=0.8, B=1.5, C_mid=40.0, R0=0.3)
-  c = np.linspace(5.0, 120.0, 24)
-  logit = np.log(truth(c) / (1 - truth(c))) + 0.3 * rng.normal(size=c.size)
+  c = np.linspace(5.0, 120.0, f.size)
+  logit = np.log(truth(c) / (1 - truth(c))) + f
   n = np.full(c.size, 2048)
-  k = rng.binomial(n, 1 / (1 + np.exp(-logit)))
-  pts = CurvePoints(c, k / n, k, n)
-  with_noise = bayes.fit_bayes(pts, 0.3, eval_noise=True, num_warmup=300, num_samples=600)
+  k = np.random.default_rng(seed).binomial(n, 1 / (1 + np.exp(-logit)))
+  return CurvePoints(c, k / n, k, n)
+
+
+def test_a_fitted_iid_wander_finds_a_runs_own_scale():
+  """Points that wander off the curve by 0.3 on the logit scale (beyond binomial noise): wander="iid" recovers the
+  scale and widens the predictive band accordingly; without it the band is the binomial one alone."""
+  pts = _wandering_run(0.3 * np.random.default_rng(3).normal(size=24))
+  with_noise = bayes.fit_bayes(pts, 0.3, wander="iid", num_warmup=300, num_samples=600)
   without = bayes.fit_bayes(pts, 0.3, num_warmup=300, num_samples=600)
-  assert "eval_sigma" not in without.samples
-  assert 0.15 < float(np.median(with_noise.samples["eval_sigma"])) < 0.5
+  assert "wander_sigma" not in without.samples
+  assert 0.15 < float(np.median(with_noise.samples["wander_sigma"])) < 0.5
   width = lambda f: np.subtract(*f.band(np.array([150.0]), predictive=True)[::-2])[0]  # noqa: E731  hi - lo
   assert width(with_noise) > 1.5 * width(without)
+
+
+def test_ou_path_has_the_exponential_covariance():
+  """`_ou_path` of standard normals is the Gaussian process with covariance s^2 exp(-|x - x'| / ell), on uneven
+  positions and with a padded (repeated) last position copying the point before it."""
+  x = np.array([0.0, 0.05, 0.3, 0.32, 0.9, 0.9])
+  z = np.random.default_rng(0).normal(size=(40000, x.size)).astype(np.float32)
+  f = np.asarray(bayes._ou_path(z, x.astype(np.float32), 0.5, 0.2))
+  want = 0.25 * np.exp(-np.abs(x[:, None] - x[None, :]) / 0.2)
+  np.testing.assert_allclose(np.cov(f.T), want, atol=0.01)
+  np.testing.assert_allclose(f[:, -1], f[:, -2], atol=1e-5)
+
+
+def test_ou_wander_conditions_the_prediction_on_where_the_run_is():
+  """A run that sits well above its curve over its last quarter (a slow, correlated wander): with wander="ou" the
+  predictive median just past the data stays above the mean curve (the OU conditional on the last fitted point),
+  the fitted correlation length is long, and the band is wider than the binomial one."""
+  n = 32
+  f = np.where(np.arange(n) >= 24, 0.5, 0.0)
+  pts = _wandering_run(f)
+  ou = bayes.fit_bayes(pts, 0.3, wander="ou", num_warmup=300, num_samples=600)
+  none = bayes.fit_bayes(pts, 0.3, num_warmup=300, num_samples=600)
+  c = np.array([125.0])
+  mean_med = ou.band(c)[1][0]
+  pred_lo, pred_med, pred_hi = (v[0] for v in ou.band(c, 0.9, predictive=True))
+  assert pred_med > mean_med + 0.02, (pred_med, mean_med)
+  assert float(np.median(ou.samples["wander_ell"])) > 0.05
+  lo, _, hi = (v[0] for v in none.band(c, 0.9, predictive=True))
+  assert pred_hi - pred_lo > 1.5 * (hi - lo)
+
+
+def test_discrepancy_mle_recovers_a_known_scale_and_tail():
+  """Errors drawn with a known discrepancy scale, normal and heavy-tailed (Student-t, 2 degrees of freedom), and
+  with none: the maximum-likelihood (scale, df) finds each."""
+  from scalerl_jax.scaling.analysis import discrepancy_mle
+
+  rng = np.random.default_rng(1)
+  sd = rng.uniform(0.05, 0.3, 600)
+  dist = rng.choice([np.log(2.0), np.log(4.0)], 600)
+  scale = np.sqrt(sd**2 + (0.5 * dist) ** 2)
+  normal = discrepancy_mle(rng.normal(size=600) * scale, sd, dist)
+  assert abs(normal.scale - 0.5) < 0.08 and normal.power == 1.0 and normal.df >= 10, normal
+  heavy = discrepancy_mle(rng.standard_t(2.0, size=600) * scale, sd, dist)
+  assert abs(heavy.scale - 0.5) < 0.12 and heavy.power == 1.0 and heavy.df <= 3, heavy
+  square = discrepancy_mle(rng.normal(size=600) * np.sqrt(sd**2 + (0.5 * dist**2) ** 2), sd, dist)
+  assert square.power == 2.0 and abs(square.scale - 0.5) < 0.08, square
+  assert discrepancy_mle(rng.normal(size=600) * sd, sd, dist).scale < 0.1
+
+
+def test_discrepancy_widens_both_predictive_bands_beyond_the_fit_only():
+  """The model discrepancy (curves.Discrepancy) leaves the bands inside the fit window as they were and widens
+  them beyond it, more the farther out, for the least-squares and the NumPyro fit alike."""
+  from scalerl_jax.scaling.analysis import analyse
+  from scalerl_jax.scaling.curves import Discrepancy
+
+  truth = SigmoidParams(A=0.7, B=1.5, C_mid=2000.0, R0=0.3)
+  pts = synthetic.synthetic_run(truth, 16000.0, n_evals=40, seed=5)
+  plain = analyse(pts, fit_upto=0.5, bayes=True, num_warmup=200, num_samples=400, discrepancy=Discrepancy())
+  wide = analyse(pts, fit_upto=0.5, bayes=True, num_warmup=200, num_samples=400, discrepancy=Discrepancy(0.5))
+  assert wide.lsq.params == plain.lsq.params and wide.lsq.discrepancy.scale == 0.5 == wide.bayes.discrepancy.scale
+  assert plain.bayes.discrepancy.scale == 0.0
+  inside, c_fit = np.array([1000.0, 4000.0]), float(plain.window.fit.compute[-1])
+  beyond = np.array([1.5 * c_fit, 3.0 * c_fit])
+
+  def widths(fit, c, level=0.9):
+    lo, *_, hi = fit.band(c, level, predictive=True)
+    return hi - lo
+
+  for a, b in ((plain.lsq, wide.lsq), (plain.bayes, wide.bayes)):
+    np.testing.assert_allclose(widths(b, inside), widths(a, inside))
+    grow = widths(b, beyond) - widths(a, beyond)
+    assert np.all(grow > 0.01) and grow[1] > grow[0], (type(a).__name__, grow)
+    # heavy tails (Student-t, df 2) at the same scale: the 90 % band widens more than the 50 % band
+    heavy = dataclasses.replace(b, discrepancy=Discrepancy(0.5, df=2.0))
+    ratio = lambda level: widths(heavy, beyond, level) / widths(b, beyond, level)  # noqa: E731
+    assert np.all(ratio(0.9) > ratio(0.5)) and np.all(ratio(0.5) > 1.0), (type(b).__name__, ratio(0.9), ratio(0.5))

@@ -18,10 +18,14 @@ import dataclasses
 from typing import Optional
 
 import numpy as np
+from scipy.optimize import minimize_scalar
+from scipy.stats import norm
+from scipy.stats import t as student_t
 
 from scalerl_jax.scaling import advice as advice_lib
 from scalerl_jax.scaling import bayes as bayes_lib
 from scalerl_jax.scaling import fit as fit_lib
+from scalerl_jax.scaling.curves import Discrepancy
 from scalerl_jax.scaling.points import CurveDataError, CurvePoints, Window, split
 
 METHODS = ("paper", "free")
@@ -29,6 +33,14 @@ METHODS = ("paper", "free")
 # point). Chosen by calibration (benchmarks/RESULTS.md, "Calibration"): fixing R0 to a noisy measurement makes the
 # intervals on A and B too narrow.
 BAYES_R0 = "free"
+BAYES_R0S = ("fixed", "free", "curve")  # curve: R0 a parameter fitted to the curve points alone (step 0 not data)
+# The NumPyro model's wander term (bayes.WANDERS), also chosen by calibration on real runs (benchmarks/RESULTS.md).
+WANDER = "none"
+# The predictive bands' model discrepancy beyond the fit (curves.Discrepancy), per fitter: the maximum-likelihood
+# fit of benchmarks/calibration.py over the 16 runs of the CPU study (configs/studies/loo_cpu.yaml), each cut at 25 %
+# and 50 % of its compute, on generator FLOPs (benchmarks/RESULTS.md, "Calibration on real runs"). A sigmoid through
+# half a run is not its exact shape; refit this on finished runs of your own task.
+DISCREPANCY = {"paper": Discrepancy(scale=0.63, power=1.0), "numpyro": Discrepancy(scale=0.55, power=0.5)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,18 +69,20 @@ class RunFit:
 def analyse(points: CurvePoints, *, fit_upto: float = 0.5, c_min: float = 0.0, method: str = "paper",
             bayes: bool = False, fit_r0: bool = False, likelihood: str = "auto", num_warmup: int = 500,
             num_samples: int = 1000, seed: int = 0, level: float = 0.9, lsq_kwargs: Optional[dict] = None,
-            bayes_r0: Optional[str] = None, eval_noise: bool = False) -> RunFit:
+            bayes_r0: Optional[str] = None, wander: Optional[str] = None,
+            discrepancy: Optional[Discrepancy] = None) -> RunFit:
   """Splits `points` (see `points.split`) and fits the window; R0 is fixed to the first point unless fit_r0.
 
   fit_r0 fits R0 as well (then the start point joins the fitted data, and method must be "free").
   bayes_r0 ("fixed" | "free"; default BAYES_R0, or "free" with fit_r0) decides the same for the NumPyro fit
   alone, so the paper's least-squares procedure can keep R0 fixed while the posterior accounts for the noise of
-  the one evaluation that measures it. `eval_noise` adds a fitted per-evaluation noise scale to the NumPyro model
-  (bayes._observe; an experiment of the calibration benchmark, off by default).
+  the one evaluation that measures it. `wander` (default WANDER): the NumPyro model's term for a run's own
+  fluctuation off the smooth curve (bayes.WANDERS). `discrepancy`: the predictive bands' model discrepancy beyond
+  the fit window (curves.Discrepancy) for both fitters; default DISCREPANCY, per fitter.
   """
   bayes_r0 = bayes_r0 or ("free" if fit_r0 else BAYES_R0)
-  if bayes_r0 not in ("fixed", "free"):
-    raise CurveDataError(f"bayes_r0 must be 'fixed' or 'free', got {bayes_r0!r}")
+  if bayes_r0 not in BAYES_R0S:
+    raise CurveDataError(f"bayes_r0 must be one of {BAYES_R0S}, got {bayes_r0!r}")
   if method not in METHODS:
     raise CurveDataError(f"unknown method {method!r}; choose one of {METHODS}")
   if fit_r0 and method == "paper":
@@ -79,6 +93,8 @@ def analyse(points: CurvePoints, *, fit_upto: float = 0.5, c_min: float = 0.0, m
     lsq = fit_lib.fit_paper(data.compute, data.reward, window.r0, **(lsq_kwargs or {}))
   else:
     lsq = fit_lib.fit_free(data.compute, data.reward, window.r0, fit_r0=fit_r0)
+  disc = dict(DISCREPANCY) if discrepancy is None else dict.fromkeys(DISCREPANCY, discrepancy)
+  lsq = dataclasses.replace(lsq, discrepancy=disc["paper"], c_fit_last=float(window.fit.compute[-1]))
   try:
     power = fit_lib.fit_power_law(window.fit.compute, window.fit.reward)
   except CurveDataError:
@@ -87,9 +103,38 @@ def analyse(points: CurvePoints, *, fit_upto: float = 0.5, c_min: float = 0.0, m
   if bayes:
     free = bayes_r0 == "free" and len(window.start) > 0
     post = bayes_lib.fit_bayes(join_points(window.start, window.fit) if free else window.fit, window.r0,
-                               likelihood=likelihood, fit_r0=free, num_warmup=num_warmup, num_samples=num_samples,
-                               seed=seed, eval_noise=eval_noise)
+                               likelihood=likelihood, fit_r0=free or bayes_r0 == "curve", num_warmup=num_warmup, num_samples=num_samples,
+                               seed=seed, wander=wander or WANDER)
+    post = dataclasses.replace(post, discrepancy=disc["numpyro"])
   return RunFit(points, window, lsq, power, post, level)
+
+
+DISCREPANCY_DFS = (1.0, 2.0, 3.0, 5.0, 10.0, 30.0, float("inf"))  # the degrees of freedom discrepancy_mle tries
+DISCREPANCY_POWERS = (0.5, 1.0, 1.5, 2.0)  # and the powers of the distance
+
+
+def discrepancy_mle(err, sd, dist, dfs=DISCREPANCY_DFS, powers=DISCREPANCY_POWERS) -> Discrepancy:
+  """The maximum-likelihood model discrepancy (curves.Discrepancy) over finished runs' extrapolations: on the logit
+  scale each error err_i (final measurement minus point prediction) is taken as Student-t(df) with scale
+  sqrt(sd_i^2 + (scale dist_i^power)^2), sd_i the fit's own predictive sd and dist_i the distance in ln C beyond
+  the fit; df = inf is the normal. The scale is fitted for each (power, df) on the grids; a few runs that take off
+  or dip after the fit among many that follow it give heavy tails (small df), and fits cut at different fractions
+  of their runs tell the power. benchmarks/calibration.py fits it on real runs; the scale is 0 when the fits' own
+  bands already explain the errors."""
+  err, sd, dist = (np.asarray(v, dtype=float) for v in (err, sd, dist))
+
+  def nll(scale, power, df):
+    s = np.sqrt(sd**2 + (scale * dist**power) ** 2)
+    return float(-np.sum(norm.logpdf(err, scale=s) if np.isinf(df) else student_t.logpdf(err, df, scale=s)))
+
+  best = None
+  for power in powers:
+    for df in dfs:
+      res = minimize_scalar(lambda k, p=power, d=df: nll(k, p, d), bounds=(0.0, 5.0), method="bounded",
+                            options={"xatol": 1e-4})
+      if best is None or res.fun < best[0]:
+        best = (res.fun, Discrepancy(float(res.x), float(power), float(df)))
+  return best[1]
 
 
 def join_points(a: CurvePoints, b: CurvePoints) -> CurvePoints:

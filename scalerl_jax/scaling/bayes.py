@@ -36,10 +36,11 @@ from numpyro.infer.hmc import hmc
 from numpyro.infer.util import initialize_model
 from scipy.special import gammaln
 
-from scalerl_jax.scaling.curves import sigmoid_curve
+from scalerl_jax.scaling.curves import Discrepancy, sigmoid_curve
 from scalerl_jax.scaling.points import MIN_FIT_POINTS, CurveDataError, CurvePoints
 
 LIKELIHOODS = ("auto", "gaussian", "binomial", "betabinomial")
+WANDERS = ("none", "iid", "ou")
 LOG_B_PRIOR = (np.log(1.5), 0.5)
 PAD = 16
 
@@ -50,15 +51,42 @@ def _mean_curve(log_c, pos, a, b, log_c_mid, r0):
   return r0 + (a - r0) * s
 
 
-def _observe(mu, d, likelihood: str, eval_noise: bool = False):
+def _ou_path(z, x, s, ell):
+  """An Ornstein-Uhlenbeck path at positions x [..., N] (non-decreasing) from standard normals z [..., N]:
+  f_0 = s z_0, f_i = rho_i f_(i-1) + s sqrt(1 - rho_i^2) z_i with rho_i = exp(-(x_i - x_(i-1)) / ell), i.e. the
+  stationary Gaussian process with covariance s^2 exp(-|x - x'| / ell) (Matern 1/2), sampled non-centred. Padding
+  repeats the last x, so a padded point copies the one before it (rho = 1)."""
+  dx = jnp.diff(x, axis=-1)
+  rho = jnp.exp(-dx / ell)
+  innov = s * jnp.sqrt(jnp.maximum(-jnp.expm1(-2.0 * dx / ell), 1e-12)) * z[..., 1:]
+
+  def step(f, inp):
+    f = inp[0] * f + inp[1]
+    return f, f
+
+  f0 = s * z[..., 0]
+  _, rest = jax.lax.scan(step, f0, (jnp.moveaxis(rho, -1, 0), jnp.moveaxis(innov, -1, 0)))
+  return jnp.concatenate([f0[..., None], jnp.moveaxis(rest, 0, -1)], axis=-1)
+
+
+def _observe(mu, d, likelihood: str, wander: str = "none"):
   """The likelihood of the points; mu and the data arrays are [N] (or [K, N] over seeds), padding masked out.
-  `eval_noise`: each evaluation's pass rate also wanders off the curve, logit(p_i) = logit(mu_i) + s z_i with
-  z_i ~ Normal(0, 1) and s ~ HalfNormal(0.3) fitted (a run's own fluctuation, beyond the evaluation's sampling)."""
+  `wander` (WANDERS): a run's own fluctuation off the smooth curve, beyond the evaluation's sampling noise, on the
+  logit scale, logit(p_i) = logit(mu_i) + f_i:
+      iid  f_i = s z_i                        independent per evaluation, s ~ HalfNormal(0.3)
+      ou   f = an Ornstein-Uhlenbeck path over compute (`_ou_path`): successive evaluations of one policy are
+           correlated, s ~ HalfNormal(0.3), its correlation length ell ~ LogNormal(ln 0.2, 1) in units of the
+           fitted compute range (x = C / the last fitted C)."""
   mu = jnp.clip(mu, 1e-6, 1 - 1e-6)
-  if eval_noise:
-    s = numpyro.sample("eval_sigma", dist.HalfNormal(0.3))
-    z = numpyro.sample("eval_z", dist.Normal(0.0, 1.0).expand(mu.shape).to_event(mu.ndim))
-    mu = jnp.clip(jax.nn.sigmoid(jax.scipy.special.logit(mu) + s * z), 1e-6, 1 - 1e-6)
+  if wander != "none":
+    s = numpyro.sample("wander_sigma", dist.HalfNormal(0.3))
+    z = numpyro.sample("wander_z", dist.Normal(0.0, 1.0).expand(mu.shape).to_event(mu.ndim))
+    if wander == "ou":
+      ell = numpyro.sample("wander_ell", dist.LogNormal(np.log(0.2), 1.0))
+      f = numpyro.deterministic("wander_f", _ou_path(z, d["x"], s, ell))
+    else:
+      f = numpyro.deterministic("wander_f", s * z)
+    mu = jnp.clip(jax.nn.sigmoid(jax.scipy.special.logit(mu) + f), 1e-6, 1 - 1e-6)
   if likelihood == "gaussian":
     sigma = numpyro.sample("sigma", dist.HalfNormal(0.05))
     numpyro.sample("obs", dist.Normal(mu, sigma).mask(d["valid"]), obs=d["reward"])
@@ -87,7 +115,7 @@ def betabinomial_logpmf(alpha, beta, n: int):
   return log_choose + rise_a + rise_b[..., ::-1] - rise_ab
 
 
-def sigmoid_model(d: Dict[str, jnp.ndarray], likelihood: str, fit_r0: bool, eval_noise: bool = False):
+def sigmoid_model(d: Dict[str, jnp.ndarray], likelihood: str, fit_r0: bool, wander: str = "none"):
   """One run (module docstring)."""
   r0 = numpyro.sample("R0", dist.Uniform(0.0, 1.0)) if fit_r0 else numpyro.deterministic("R0", d["r0"])
   u = numpyro.sample("u", dist.Uniform(0.0, 1.0))
@@ -96,10 +124,10 @@ def sigmoid_model(d: Dict[str, jnp.ndarray], likelihood: str, fit_r0: bool, eval
   log_m = numpyro.sample("log_C_mid", dist.Normal(d["loc"], d["scale"]))
   numpyro.deterministic("B", jnp.exp(log_b))
   numpyro.deterministic("C_mid", jnp.exp(log_m))
-  _observe(_mean_curve(d["log_c"], d["pos"], a, jnp.exp(log_b), log_m, r0), d, likelihood, eval_noise)
+  _observe(_mean_curve(d["log_c"], d["pos"], a, jnp.exp(log_b), log_m, r0), d, likelihood, wander)
 
 
-def seeds_model(d: Dict[str, jnp.ndarray], likelihood: str, fit_r0: bool, eval_noise: bool = False):
+def seeds_model(d: Dict[str, jnp.ndarray], likelihood: str, fit_r0: bool, wander: str = "none"):
   """K seeds sharing A; data arrays carry a leading seed axis [K, N] (module docstring)."""
   k = d["r0"].shape[0]
   if fit_r0:  # one R0 per seed, its C = 0 evaluation among the data; A above the highest
@@ -122,7 +150,7 @@ def seeds_model(d: Dict[str, jnp.ndarray], likelihood: str, fit_r0: bool, eval_n
   numpyro.deterministic("B", jnp.exp(log_b))
   numpyro.deterministic("C_mid", jnp.exp(log_m))
   mu = _mean_curve(d["log_c"], d["pos"], a, jnp.exp(log_b)[:, None], log_m[:, None], r0[:, None])
-  _observe(mu, d, likelihood, eval_noise)
+  _observe(mu, d, likelihood, wander)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +161,10 @@ class BayesFit:
   n_total: float  # samples per evaluation (median over the fitted points), for predictive noise
   n_prompts: int  # held-out prompts (betabinomial predictive); 0 if unknown
   diagnostics: Dict[str, float]
+  wander: str = "none"  # WANDERS
+  fit_x: Tuple[np.ndarray, ...] = ()  # per run, the fitted points' compute / x_scale (the OU wander's positions)
+  x_scale: float = 1.0
+  discrepancy: Discrepancy = Discrepancy()  # the predictive band's model discrepancy beyond the fit
 
   def param(self, name: str, seed: Optional[int] = None) -> np.ndarray:
     v = self.samples[name]
@@ -147,16 +179,46 @@ class BayesFit:
     g = lambda n: self.param(n, seed)[:, None]  # noqa: E731
     return sigmoid_curve(np.asarray(c, dtype=float)[None, :], g("A"), g("B"), g("C_mid"), g("R0"))
 
+  def wander_draws(self, c, seed: Optional[int] = None, rng: Optional[np.random.Generator] = None) -> np.ndarray:
+    """Draws of the wander f(c) on the logit scale, [S, len(c)] (see `_observe`). For the OU wander, each c is
+    conditioned on the nearest fitted point's f (exact beyond the data, where that point is the last one; between
+    two fitted points it ignores the farther one, so the band there is a little wide)."""
+    rng = rng or np.random.default_rng(0)
+    c = np.asarray(c, dtype=float)
+    s = self.samples["wander_sigma"][:, None]
+    eps = rng.normal(size=(len(s), c.size))
+    if self.wander == "iid":
+      return s * eps
+    f = self.samples["wander_f"]
+    k = seed if seed is not None else 0
+    fx = self.fit_x[k]
+    f = (f[:, k] if f.ndim == 3 else f)[:, :fx.size]
+    x = c / self.x_scale
+    j = np.argmin(np.abs(x[:, None] - fx[None, :]), axis=1)
+    rho = np.exp(-np.abs(x - fx[j])[None, :] / self.samples["wander_ell"][:, None])
+    return rho * f[:, j] + s * np.sqrt(1.0 - rho**2) * eps
+
   def band(self, c, level: float = 0.9, predictive: bool = False, seed: Optional[int] = None,
            rng: Optional[np.random.Generator] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(lower, median, upper) of R(c) at central `level`. `predictive` adds the likelihood's noise for one
-    evaluation of n_total samples (betabinomial: normal approximation with the phi overdispersion factor)."""
+    """(lower, median, upper) of R(c) at central `level`. `predictive` adds what a measurement at c carries
+    beyond the mean curve: the wander (`wander_draws`) and the model discrepancy beyond the fit
+    (curves.Discrepancy), both on the logit scale, then the likelihood's noise for one evaluation of n_total
+    samples (betabinomial: normal approximation with the phi overdispersion factor)."""
     mu = self.curves(c, seed)
     if predictive:
       rng = rng or np.random.default_rng(0)
-      if "eval_sigma" in self.samples:  # the run's own wander off the curve (eval_noise), then the evaluation's
-        logit = np.log(np.clip(mu, 1e-6, 1 - 1e-6)) - np.log1p(-np.clip(mu, 1e-6, 1 - 1e-6))
-        mu = 1.0 / (1.0 + np.exp(-(logit + rng.normal(size=mu.shape) * self.samples["eval_sigma"][:, None])))
+      # On the logit scale: the run's own wander off the curve and the model's discrepancy beyond the fit; then
+      # the evaluation's sampling noise.
+      c = np.asarray(c, dtype=float)
+      off = np.zeros(mu.shape)
+      if self.wander != "none":
+        off = off + self.wander_draws(c, seed, rng)
+      sd = self.discrepancy.sd(c, float(self.fit_x[seed or 0][-1]) * self.x_scale if self.fit_x else 0.0)
+      if np.any(sd > 0):
+        off = off + self.discrepancy.draws(rng, mu.shape) * sd[None, :]
+      if np.any(off != 0):
+        mu = np.clip(mu, 1e-6, 1 - 1e-6)
+        mu = 1.0 / (1.0 + np.exp(-(np.log(mu) - np.log1p(-mu) + off)))
       if self.likelihood == "gaussian":
         mu = mu + rng.normal(size=mu.shape) * self.samples["sigma"][:, None]
       elif self.likelihood == "binomial":
@@ -188,6 +250,7 @@ def _arrays(p: CurvePoints, n_pad: int, likelihood: str) -> Dict[str, np.ndarray
   pad = lambda v, fill=0: np.concatenate([v, np.full((n_pad - n,) + v.shape[1:], fill, v.dtype)])  # noqa: E731
   pos = p.compute > 0
   d = {"log_c": pad(np.log(np.where(pos, p.compute, 1.0)).astype(np.float32)), "pos": pad(pos, False),
+       "c": pad(p.compute, p.compute[-1]),
        "valid": pad(np.ones(n, bool), False), "reward": pad(p.reward.astype(np.float32), 0.5)}
   if likelihood == "binomial":
     d.update(n_correct=pad(p.n_correct.astype(np.float32)), n_total=pad(p.n_total.astype(np.float32), 1))
@@ -206,16 +269,16 @@ MODELS = {"sigmoid": sigmoid_model, "seeds": seeds_model}
 
 
 @functools.partial(jax.jit, static_argnames=("model_name", "likelihood", "fit_r0", "num_warmup", "num_samples",
-                                             "eval_noise"))
+                                             "wander"))
 def _nuts_chain(rng_key, data, *, model_name: str, likelihood: str, fit_r0: bool, num_warmup: int,
-                num_samples: int, eval_noise: bool = False):
+                num_samples: int, wander: str = "none"):
   """One NUTS chain (dense mass matrix, target acceptance 0.9) as a single jitted scan over warmup + samples.
 
   Built from numpyro's functional `hmc` API rather than `MCMC`, whose sampling loop is re-traced and
   re-compiled on every run: here the data are traced arguments, so a second fit of the same shapes and
   configuration reuses the compiled program (about 0.2 s instead of 5-20 s of XLA compilation on 2 cores).
   """
-  model = functools.partial(MODELS[model_name], likelihood=likelihood, fit_r0=fit_r0, eval_noise=eval_noise)
+  model = functools.partial(MODELS[model_name], likelihood=likelihood, fit_r0=fit_r0, wander=wander)
   init_key, chain_key = jax.random.split(rng_key)
   info = initialize_model(init_key, model, model_args=(data,), dynamic_args=True)
   init_kernel, sample_kernel = hmc(potential_fn_gen=info.potential_fn, algo="NUTS")
@@ -232,13 +295,18 @@ def _nuts_chain(rng_key, data, *, model_name: str, likelihood: str, fit_r0: bool
 
 
 def _run(model_name, data, likelihood, fit_r0, num_warmup, num_samples, num_chains, seed, pts,
-         eval_noise: bool = False) -> BayesFit:
+         wander: str = "none") -> BayesFit:
+  if wander not in WANDERS:
+    raise CurveDataError(f"unknown wander {wander!r}; choose one of {WANDERS}")
+  x_scale = float(max(p.compute[-1] for p in pts))
+  data = {**data, "x": (data["c"] / x_scale).astype(np.float32)}
+  del data["c"]
   data = jax.tree.map(jnp.asarray, data)
   keys = jax.random.split(jax.random.PRNGKey(seed), num_chains)
   runs = [_nuts_chain(k, data, model_name=model_name, likelihood=likelihood, fit_r0=fit_r0,
-                      num_warmup=num_warmup, num_samples=num_samples, eval_noise=eval_noise) for k in keys]
+                      num_warmup=num_warmup, num_samples=num_samples, wander=wander) for k in keys]
   keep = ("A", "B", "C_mid", "R0", "sigma", "phi", "mu_log_B", "mu_log_C_mid",  # (mu_*: seeds model, recipe level)
-          "eval_sigma")
+          "wander_sigma", "wander_ell", "wander_f")
   grouped = {k: np.stack([np.asarray(r[0][k], dtype=float) for r in runs]) for k in keep if k in runs[0][0]}
   samples = {k: v.reshape((-1,) + v.shape[2:]) for k, v in grouped.items()}
   chains = [grouped[k].reshape(num_chains, num_samples, -1) for k in ("A", "B", "C_mid")]
@@ -248,7 +316,8 @@ def _run(model_name, data, likelihood, fit_r0, num_warmup, num_samples, num_chai
   totals = np.concatenate([p.n_total if p.has_counts else np.zeros(0) for p in pts])
   n_total = float(np.median(totals)) if totals.size else 0.0
   n_prompts = int(pts[0].per_prompt.shape[1]) if pts[0].per_prompt is not None else 0
-  return BayesFit(samples, likelihood, n_total, n_prompts, diag)
+  return BayesFit(samples, likelihood, n_total, n_prompts, diag, wander, tuple(p.compute / x_scale for p in pts),
+                  x_scale)
 
 
 def _check_points(p: CurvePoints, fit_r0: bool):
@@ -261,7 +330,7 @@ def _check_points(p: CurvePoints, fit_r0: bool):
 
 def fit_bayes(points: CurvePoints, r0: float, *, likelihood: str = "auto", fit_r0: bool = False,
               num_warmup: int = 500, num_samples: int = 1000, num_chains: int = 1, seed: int = 0,
-              eval_noise: bool = False) -> BayesFit:
+              wander: str = "none") -> BayesFit:
   """Posterior of (A, B, C_mid[, R0]) for one run's fitted points (e.g. `Window.fit`) by NUTS.
 
   With fit_r0, `points` may include the start point at C = 0, and `r0` is unused.
@@ -272,12 +341,12 @@ def fit_bayes(points: CurvePoints, r0: float, *, likelihood: str = "auto", fit_r
   data = _arrays(points, n_pad, likelihood)
   loc, scale = _log_c_mid_prior([points])
   data.update(r0=np.float32(r0), loc=np.float32(loc), scale=np.float32(scale))
-  return _run("sigmoid", data, likelihood, fit_r0, num_warmup, num_samples, num_chains, seed, [points], eval_noise)
+  return _run("sigmoid", data, likelihood, fit_r0, num_warmup, num_samples, num_chains, seed, [points], wander)
 
 
 def fit_bayes_seeds(points: Sequence[CurvePoints], r0: Sequence[float], *, likelihood: str = "auto",
                     fit_r0: bool = False, num_warmup: int = 500, num_samples: int = 1000, num_chains: int = 1,
-                    seed: int = 0) -> BayesFit:
+                    seed: int = 0, wander: str = "none") -> BayesFit:
   """Hierarchical posterior over K seeds of one recipe with one shared A; B and C_mid come out [S, K] (and R0
   with fit_r0: then each run's points may include its C = 0 evaluation, and `r0` is unused)."""
   if len(points) != len(r0) or len(points) < 2:
@@ -292,4 +361,4 @@ def fit_bayes_seeds(points: Sequence[CurvePoints], r0: Sequence[float], *, likel
   data = {k: np.stack([d[k] for d in per]) for k in per[0]}
   loc, scale = _log_c_mid_prior(points)
   data.update(r0=np.asarray(r0, np.float32), loc=np.float32(loc), scale=np.float32(scale))
-  return _run("seeds", data, likelihood, fit_r0, num_warmup, num_samples, num_chains, seed, list(points))
+  return _run("seeds", data, likelihood, fit_r0, num_warmup, num_samples, num_chains, seed, list(points), wander)

@@ -31,6 +31,32 @@ import numpy as np
 from scipy.special import expit
 
 
+@dataclasses.dataclass(frozen=True)
+class Discrepancy:
+  """The model discrepancy of a predictive band beyond the fitted data, on the logit scale: a sigmoid through a
+  run's early part is not the run's exact shape, and the error of its extrapolation grows with the distance
+  d = ln(C / the last fitted C). At compute C the band adds scale * d^power times a Student-t(df) draw (df = inf:
+  normal); nothing inside the fit. Fitted on finished runs by benchmarks/calibration.py (analysis.discrepancy_mle;
+  the shipped default, analysis.DISCREPANCY, on the CPU study's runs)."""
+  scale: float = 0.0
+  power: float = 1.0
+  df: float = float("inf")
+
+  def sd(self, c, c_fit_last: float) -> np.ndarray:
+    """The scale at each compute c (0 at and before c_fit_last)."""
+    c = np.asarray(c, dtype=float)
+    if self.scale <= 0 or c_fit_last <= 0:
+      return np.zeros(c.shape)
+    return self.scale * np.log(np.maximum(c, c_fit_last) / c_fit_last) ** self.power
+
+  def draws(self, rng: np.random.Generator, shape) -> np.ndarray:
+    """Standard draws (Student-t with df degrees of freedom, or normal), to be multiplied by `sd`."""
+    return rng.normal(size=shape) if np.isinf(self.df) else rng.standard_t(self.df, size=shape)
+
+  def as_dict(self) -> dict:
+    return {"scale": self.scale, "power": self.power, "df": None if np.isinf(self.df) else self.df}
+
+
 def log_compute(c: np.ndarray) -> np.ndarray:
   """ln C with ln 0 = -inf (no warning), so that sigmoid(B * (-inf)) = 0 and R(0) = R0."""
   c = np.asarray(c, dtype=float)

@@ -38,7 +38,7 @@ from scipy.optimize import OptimizeWarning, curve_fit
 from scipy.special import expit
 from scipy.stats import norm
 
-from scalerl_jax.scaling.curves import PowerLawParams, SigmoidParams, log_compute, sigmoid_curve
+from scalerl_jax.scaling.curves import Discrepancy, PowerLawParams, SigmoidParams, log_compute, sigmoid_curve
 from scalerl_jax.scaling.points import MIN_FIT_POINTS, CurveDataError
 
 PAPER_A_GRID = np.round(np.arange(0.450, 0.8001, 0.005), 3)  # 71 values
@@ -46,6 +46,7 @@ DEFAULT_A_GRID = np.round(np.arange(0.450, 1.0001, 0.005), 3)  # 111 values
 PAPER_C_MID_GRID = np.linspace(100.0, 40000.0, 100)  # GPU-hours
 B_SCREEN = np.geomspace(0.05, 20.0, 240)
 B_BOUNDS = (0.05, 20.0)
+BAND_DRAWS = 4000  # draws of a predictive band that carries the model discrepancy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,8 @@ class LsqFit:
   method: str  # paper | free | fixed_a
   cov: Optional[np.ndarray]  # [p, p] over (A, ln B, ln C_mid[, R0]); None if singular
   fit_r0: bool = False
+  discrepancy: Discrepancy = Discrepancy()  # the predictive band's model discrepancy beyond c_fit_last
+  c_fit_last: float = 0.0
 
   @property
   def rmse(self) -> float:
@@ -64,16 +67,26 @@ class LsqFit:
 
   def band(self, c, level: float = 0.9, predictive: bool = False) -> Tuple[np.ndarray, np.ndarray]:
     """Delta-method band at compute `c`: R(c) -/+ z sd. `predictive` adds the residual variance s^2 (one new
-    measurement rather than the mean curve). nan when the covariance is unknown."""
+    measurement rather than the mean curve) and, beyond the fit, the model discrepancy on the logit scale
+    (curves.Discrepancy; then the band is taken from BAND_DRAWS draws). nan when the covariance is unknown."""
     mean = self.params(c)
     if self.cov is None:
       return np.full_like(mean, np.nan), np.full_like(mean, np.nan)
     g = _jacobian(np.asarray(c, dtype=float), self.params, self.fit_r0)
     var = np.maximum(np.einsum("np,pq,nq->n", g, self.cov, g), 0.0)
-    if predictive:
-      var = var + self.sse / max(self.n - self.cov.shape[0], 1)
     z = norm.ppf(0.5 + level / 2)
-    return mean - z * np.sqrt(var), mean + z * np.sqrt(var)
+    if not predictive:
+      return mean - z * np.sqrt(var), mean + z * np.sqrt(var)
+    var = var + self.sse / max(self.n - self.cov.shape[0], 1)
+    sd = self.discrepancy.sd(c, self.c_fit_last)
+    if not np.any(sd > 0):
+      return mean - z * np.sqrt(var), mean + z * np.sqrt(var)
+    # Beyond the fit: the normal band on R, then the discrepancy on the logit scale, by draws (fixed seed).
+    rng = np.random.default_rng(0)
+    r = np.clip(mean[None, :] + np.sqrt(var)[None, :] * rng.normal(size=(BAND_DRAWS, mean.size)), 1e-6, 1 - 1e-6)
+    logit = np.log(r) - np.log1p(-r) + self.discrepancy.draws(rng, r.shape) * sd[None, :]
+    lo, hi = np.quantile(1.0 / (1.0 + np.exp(-logit)), [0.5 - level / 2, 0.5 + level / 2], axis=0)
+    return lo, hi
 
 
 @dataclasses.dataclass(frozen=True)
