@@ -92,13 +92,15 @@ def _recipe_dirs(root: pathlib.Path, name: str, params: SigmoidParams, seeds=(0,
 
 @pytest.fixture(scope="module")
 def study_report(tmp_path_factory):
-  """Three recipes with known curves: `high` (A 0.85), `low` (A 0.55, faster: it leads early, so the two cross),
-  `twin` (the curve of `high`, other noise)."""
+  """Four recipes with known curves: `high` (A 0.85), `low` (A 0.55, faster: it leads early, so the two cross),
+  `twin` (the curve of `high`, other noise), `split` (seed 0 on the curve of `high`, seed 1 on that of `low`)."""
   tmp = tmp_path_factory.mktemp("study")
   _recipe_dirs(tmp / "s", "high", SigmoidParams(A=0.85, B=1.2, C_mid=30.0, R0=0.2))
   _recipe_dirs(tmp / "s", "low", SigmoidParams(A=0.55, B=3.0, C_mid=4.0, R0=0.2))
   _recipe_dirs(tmp / "s", "twin", SigmoidParams(A=0.85, B=1.2, C_mid=30.0, R0=0.2), seeds=(2, 3))
-  path = _write_study(tmp, {"high": {}, "low": {}, "twin": {}}, steps=120, seeds=(0, 1))
+  _recipe_dirs(tmp / "s", "split", SigmoidParams(A=0.85, B=1.2, C_mid=30.0, R0=0.2), seeds=(0,))
+  _recipe_dirs(tmp / "s", "split", SigmoidParams(A=0.55, B=3.0, C_mid=4.0, R0=0.2), seeds=(1,))
+  path = _write_study(tmp, {"high": {}, "low": {}, "twin": {}, "split": {}}, steps=120, seeds=(0, 1))
   spec = study.load_study(path)
   for s_old, s_new in ((2, 0), (3, 1)):  # twin's runs were written as seeds 2, 3: move them to 0, 1
     (tmp / "s" / "twin" / f"seed{s_old}").rename(tmp / "s" / "twin" / f"seed{s_new}")
@@ -122,6 +124,30 @@ def test_the_report_tells_which_ceiling_is_higher_and_when_curves_cross(study_re
   md = (spec.dir / "study_report.md").read_text()
   assert "| high vs low | 1.00 | yes |" in md and "| high vs twin |" in md
   assert (spec.dir / "study_curves.png").stat().st_size > 10_000 and (spec.dir / "study_fixed_a.png").is_file()
+
+
+def test_a_recipe_whose_seeds_disagree_is_not_given_one_ceiling(study_report):
+  """The per-seed check: fitted alone, a seed of `split` has an interval on A that excludes the recipe's shared A,
+  so the report refuses that recipe's ceiling; the seeds of `high` agree with one A, and its ceiling stands."""
+  _, out = study_report
+  rows = {r["recipe"]: r for r in out["recipes"]}
+  alone = rows["split"]["seeds_alone"]
+  assert alone["split/seed1"]["A"]["hi"] < 0.6 < 0.8 < alone["split/seed0"]["A"]["lo"]
+  assert not rows["split"]["ceiling_identified"]
+  assert rows["split"]["ceiling_why_not"].startswith("one A does not describe every seed")
+  assert all(v["agrees"] for v in rows["high"]["seeds_alone"].values()) and rows["high"]["ceiling_identified"]
+
+
+def test_a_pair_is_resolved_only_when_its_ceilings_are_identified_or_apart():
+  """A ceiling held up by the prior's bound is a lower bound: with it, only intervals on A that do not overlap
+  resolve a pair, whatever P(A_1 > A_2) says."""
+  rows = [{"recipe": r, "ceiling_identified": ok, "A": {"lo": lo, "hi": hi}}
+          for r, ok, lo, hi in (("a", True, 0.8, 0.9), ("b", False, 0.85, 1.0), ("c", False, 0.5, 0.6),
+                                ("d", True, 0.6, 0.7))]
+  assert study.resolved({"recipes": ["a", "d"], "p_A1_greater": 0.99}, rows) == "yes"
+  assert study.resolved({"recipes": ["a", "d"], "p_A1_greater": 0.5}, rows) == "no"
+  assert study.resolved({"recipes": ["a", "b"], "p_A1_greater": 0.05}, rows) == "no (a ceiling not identified)"
+  assert study.resolved({"recipes": ["b", "c"], "p_A1_greater": 1.0}, rows) == "yes (intervals on A apart)"
 
 
 def _crossing(p1: SigmoidParams, p2: SigmoidParams, c_lo: float) -> float:

@@ -36,7 +36,8 @@ import numpy as np
 import yaml
 
 from scalerl_jax.scaling import bayes as bayes_lib
-from scalerl_jax.scaling.analysis import BAYES_R0, join_points
+from scalerl_jax.scaling.advice import ceiling_checks
+from scalerl_jax.scaling.analysis import BAYES_R0, WANDER, join_points
 from scalerl_jax.scaling.compare import prob_a_greater
 from scalerl_jax.scaling.curves import sigmoid_curve
 from scalerl_jax.scaling.fit import fit_fixed_a
@@ -173,6 +174,8 @@ class RecipeFit:
   points: list[CurvePoints]  # per seed (the fitted window of each)
   r0: list[float]
   post: bayes_lib.BayesFit
+  inputs: list[CurvePoints] = dataclasses.field(default_factory=list)  # what was fitted per seed (R0 point too)
+  fit_kw: dict = dataclasses.field(default_factory=dict)  # the fit's settings (fit_r0, samples, wander)
 
   def draws(self) -> dict[str, np.ndarray]:
     """The recipe-level curve's posterior draws: A, B = exp(mu_log_B), C_mid = exp(mu_log_C_mid), R0 = the mean
@@ -189,14 +192,14 @@ def fit_recipe(name: str, points: Sequence[CurvePoints], fit: dict, *, num_warmu
   pts, r0 = [w.fit for w in windows], [w.r0 for w in windows]
   free = BAYES_R0 == "free"  # as in one run's fit (analysis.BAYES_R0): each seed's R0 fitted with its C = 0 point
   data = [join_points(w.start, w.fit) for w in windows] if free else pts
-  kw = dict(fit_r0=free, num_warmup=num_warmup, num_samples=num_samples, seed=seed)
+  kw = dict(fit_r0=free, num_warmup=num_warmup, num_samples=num_samples, seed=seed, wander=WANDER)
   if len(pts) >= 2:
     post = bayes_lib.fit_bayes_seeds(data, r0, **kw)
   else:
     one = bayes_lib.fit_bayes(data[0], r0[0], **kw)
     samples = {**one.samples, "mu_log_B": np.log(one.samples["B"]), "mu_log_C_mid": np.log(one.samples["C_mid"])}
     post = dataclasses.replace(one, samples=samples)
-  return RecipeFit(name, pts, r0, post)
+  return RecipeFit(name, pts, r0, post, data, kw)
 
 
 def crossover(f1: RecipeFit, f2: RecipeFit, c_lo: float, c_hi: float, level: float = 0.9, n_draws: int = 1000,
@@ -249,17 +252,33 @@ def fixed_a_comparison(fits: Sequence[RecipeFit], a: Optional[float] = None) -> 
   return out
 
 
-A_BOUND = 0.995  # an interval on A reaching this is held up by the prior's A <= 1, not by the data
+def seed_agreement(f: RecipeFit, level: float = 0.9) -> dict[str, dict]:
+  """Does the one shared A describe every seed? Each seed is also fitted alone (the one-run model, the recipe's
+  settings); a seed disagrees when the shared A's median lies outside the central `level` interval of its own A
+  (a seed still climbing has a wide interval of its own and does not disagree)."""
+  a_shared = float(np.median(f.post.param("A")))
+  q = (0.5 - level / 2, 0.5, 0.5 + level / 2)
+  out = {}
+  for k, data in enumerate(f.inputs if len(f.inputs) > 1 else []):
+    own = bayes_lib.fit_bayes(data, f.r0[k], **f.fit_kw)
+    lo, med, hi = (float(v) for v in np.quantile(own.param("A"), q))
+    out[f.points[k].name or f"seed{k}"] = {"A": {"median": med, "lo": lo, "hi": hi},
+                                           "agrees": bool(lo <= a_shared <= hi)}
+  return out
 
 
 def ceiling_status(f: RecipeFit, row: dict) -> tuple[bool, str]:
-  """Whether the recipe's runs identify its ceiling: its curve bent inside the fitted computes (median C_mid below
-  the largest) and the interval on A stays below A_BOUND; else why not."""
-  c_max = max(float(p.compute[-1]) for p in f.points)
-  if row["C_mid"]["median"] >= c_max:
-    return False, f"not bent yet (C_mid {row['C_mid']['median']:.3g} >= the last compute {c_max:.3g})"
-  if row["A"]["hi"] >= A_BOUND:
-    return False, f"A's interval reaches {row['A']['hi']:.3f}: held up by the prior A <= 1, the runs still climb"
+  """Whether the recipe's runs identify its ceiling: `advice.ceiling_checks` on the recipe-level posterior (its
+  curve bent inside the fitted computes, the interval on A below the prior's bound), and the one shared A describes every seed (`seed_misfit`
+  `seed_agreement`); else why not."""
+  identified, why = ceiling_checks(row["C_mid"]["median"], max(float(p.compute[-1]) for p in f.points),
+                                   row["A"]["hi"])
+  if not identified:
+    return identified, why
+  bad = {k: v["A"] for k, v in row.get("seeds_alone", {}).items() if not v["agrees"]}
+  if bad:
+    return False, (f"one A does not describe every seed: the shared A {row['A']['median']:.3f} lies outside " +
+                   ", ".join(f"{k}'s own interval [{a['lo']:.3f}, {a['hi']:.3f}]" for k, a in bad.items()))
   return True, ""
 
 
@@ -269,13 +288,29 @@ def recipe_table(fits: Sequence[RecipeFit], level: float = 0.9) -> list[dict]:
   for f in fits:
     d = f.draws()
     row = {"recipe": f.name, "seeds": len(f.points), "R0": float(np.mean(f.r0)), "diagnostics": f.post.diagnostics,
-           "final": float(np.mean([p.reward[-1] for p in f.points]))}
+           "final": float(np.mean([p.reward[-1] for p in f.points])), "level": level,
+           "seeds_alone": seed_agreement(f, level)}
     for k in ("A", "B", "C_mid"):
       lo, med, hi = np.quantile(d[k], q)
       row[k] = {"median": float(med), "lo": float(lo), "hi": float(hi)}
     row["ceiling_identified"], row["ceiling_why_not"] = ceiling_status(f, row)
     rows.append(row)
   return rows
+
+
+def resolved(pair: dict, rows: Sequence[dict], p_min: float = 0.9) -> str:
+  """Whether the study resolves which of a pair's ceilings is higher: "yes" when P(A_1 > A_2) is beyond p_min (or
+  1 - p_min) and both ceilings are identified, or, when one is not, their intervals on A do not overlap (a ceiling
+  held up by the prior's bound is a lower bound: P alone then says where the draws pile against the bound)."""
+  prob = pair["p_A1_greater"]
+  if p_min > prob > 1 - p_min:
+    return "no"
+  r1, r2 = (next(r for r in rows if r["recipe"] == name) for name in pair["recipes"])
+  if r1["ceiling_identified"] and r2["ceiling_identified"]:
+    return "yes"
+  if r1["A"]["lo"] > r2["A"]["hi"] or r2["A"]["lo"] > r1["A"]["hi"]:
+    return "yes (intervals on A apart)"
+  return "no (a ceiling not identified)"
 
 
 def report(spec: StudySpec, *, num_warmup: int = 500, num_samples: int = 1000, plot: bool = True) -> dict:
@@ -293,8 +328,10 @@ def report(spec: StudySpec, *, num_warmup: int = 500, num_samples: int = 1000, p
   if not fits:
     raise StudyError(f"{spec.dir}: no finished run to report on (run the study first)")
   level = spec.fit["level"]
+  rows = recipe_table(fits, level)
+  pairs = [{**pair, "resolved": resolved(pair, rows)} for pair in compare_recipes(fits, level)]
   out = {"name": spec.name, "steps": spec.steps, "seeds": list(spec.seeds), "fit": spec.fit, "level": level,
-         "unfinished": missing, "recipes": recipe_table(fits, level), "pairs": compare_recipes(fits, level),
+         "unfinished": missing, "recipes": rows, "pairs": pairs,
          "fixed_a": fixed_a_comparison(fits) if len(fits) > 1 else None}
   spec.dir.mkdir(parents=True, exist_ok=True)
   (spec.dir / "study_report.json").write_text(json.dumps(out, indent=1))
@@ -325,10 +362,9 @@ def format_report(r: dict) -> str:
   lines += ["", "| pair | P(A1 > A2) | resolved | curves cross at |", "|---|---|---|---|"]
   for p in r["pairs"]:
     prob, x = p["p_A1_greater"], p["crossover"]
-    resolved = "yes" if prob >= 0.9 or prob <= 0.1 else "no"
     cross = (f"{x['median']:.3g} [{x['lo']:.3g}, {x['hi']:.3g}] in {100 * x['p_cross_in_range']:.0f} % of draws"
              if "median" in x else "no crossing in range")
-    lines.append(f"| {p['recipes'][0]} vs {p['recipes'][1]} | {prob:.2f} | {resolved} | {cross} |")
+    lines.append(f"| {p['recipes'][0]} vs {p['recipes'][1]} | {prob:.2f} | {p['resolved']} | {cross} |")
   if r.get("fixed_a"):
     fa = r["fixed_a"]
     lines += ["", f"At a common A = {fa['A_common']:.3f} (least squares, seeds pooled): B " +
