@@ -1,6 +1,7 @@
 """Fit the ScaleRL compute-performance curve R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) to runs, extrapolate.
 
-  python launch/fit_curve.py INPUT [INPUT ...] [--x accelerator_seconds|accelerator_hours|flops] [--fit-upto 0.5]
+  python launch/fit_curve.py INPUT [INPUT ...] [--x accelerator_seconds|accelerator_hours|flops|
+                             generator_flops|steps] [--fit-upto 0.5]
                              [--c-min X] [--bayes] [--task T | --per-task] [--target R] [--json OUT]
                              [--plot OUT.png]
 

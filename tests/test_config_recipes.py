@@ -74,7 +74,7 @@ def test_one_default_for_the_curve_fit_axis():
   cli = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(cli)
   _, args = cli.parse_args(["some_run"])
-  assert CurveFitConfig().x == "accelerator_seconds"  # what metrics.jsonl logs
+  assert CurveFitConfig().x == "generator_flops"  # the sampling compute (schema.CurveFitConfig says why)
   assert args.x == scaling_io.DEFAULT_X == inspect.signature(scaling_io.load_points).parameters["x"].default == \
       CurveFitConfig().x
   assert (args.fit_upto, args.c_min) == (CurveFitConfig().fit_upto, CurveFitConfig().c_min)

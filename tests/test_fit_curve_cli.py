@@ -90,6 +90,16 @@ def test_flops_axis_and_csv_input(tmp_path, runs):
   assert abs(run["A"] - 0.61) <= 0.005 and run["c_min"] == 1500
 
 
+def test_the_sampling_compute_and_step_axes(runs):
+  """--x generator_flops reads the sampling compute (write_run_dir: half of all FLOPs), --x steps the optimizer
+  step of each evaluation; a sigmoid's fit does not depend on the unit, so both give the same A and B."""
+  flops, gen, steps = (scaling.load_points(runs[0], x=x) for x in ("flops", "generator_flops", "steps"))
+  np.testing.assert_allclose(gen.compute, flops.compute / 2)
+  np.testing.assert_array_equal(steps.compute, 100 * np.arange(len(steps)))  # write_run_dir: 100 steps per eval
+  a, b = scaling.analyse(gen).lsq.params, scaling.analyse(flops).lsq.params
+  assert (a.A, a.B) == pytest.approx((b.A, b.B), rel=1e-6) and a.C_mid == pytest.approx(b.C_mid / 2, rel=1e-6)
+
+
 def test_fewer_than_four_points(tmp_path, capsys):
   csv = _csv(tmp_path / "short.csv", [(0, 0.3), (1, 0.4), (2, 0.45), (3, 0.5), (4, 0.52)])
   err = _error(capsys, [str(csv), "--fit-upto", "0.5"])
@@ -149,9 +159,9 @@ def _set(line, **values):
     ("eval__n_correct", "12", "eval/n_correct is not an integer: '12'"),
     ("eval__n_total", 2.5, "eval/n_total is not an integer: 2.5"),
     ("eval__n_correct", True, "eval/n_correct is not an integer: True"),
-    ("compute__accelerator_seconds", "1e5", "compute/accelerator_seconds is not a number: '1e5'"),
-    ("compute__accelerator_seconds", [1], "compute/accelerator_seconds is not a number: [1]"),
-    ("compute__accelerator_seconds", 10**400, "compute/accelerator_seconds is too large for a float"),
+    ("compute__generator_flops", "1e5", "compute/generator_flops is not a number: '1e5'"),
+    ("compute__generator_flops", [1], "compute/generator_flops is not a number: [1]"),
+    ("compute__generator_flops", 10**400, "compute/generator_flops is too large for a float"),
     ("eval__pass_rate", {"v": 1}, "eval/pass_rate is not a number: {'v': 1}"),
 ])
 def test_non_numeric_values_name_file_line_and_key(runs, tmp_path, capsys, key, value, message):
@@ -284,7 +294,7 @@ def test_the_trainer_logs_advice_at_every_evaluation_once_enough_points_exist(tm
   advise = TargetAdvisor(CurveFitConfig(target=0.58), tmp_path)
   logged = []
   for c, r in zip(run.compute, run.reward):
-    line = {"compute/accelerator_seconds": float(c), "eval/pass_rate": float(r)}
+    line = {"compute/generator_flops": float(c), "eval/pass_rate": float(r)}  # the default axis
     line.update(advise(line))
     logged.append(line)
     with open(tmp_path / "metrics.jsonl", "a") as f:

@@ -129,7 +129,7 @@ def mixed_run(tmp_path_factory):
   code = synthetic.synthetic_run(synthetic.table1("ScaleRL-Scout", r0=0.2), 16000.0, n_evals=30, seed=2)
   lines = []
   for i, (c, rm, rc) in enumerate(zip(math.compute, math.reward, code.reward)):
-    lines.append({"step": i, "compute/accelerator_seconds": float(c), "eval/pass_rate": float(rm + rc) / 2,
+    lines.append({"step": i, "compute/generator_flops": float(c), "eval/pass_rate": float(rm + rc) / 2,
                   "eval/math/pass_rate": float(rm), "eval/code/pass_rate": float(rc)})
   (root / "metrics.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
   return root, math, code

@@ -43,7 +43,8 @@ LongPrompts = Literal["error", "truncate", "skip"]
 RewardScale = Literal["01", "pm1"]  # rewards in {0, 1} or {-1, +1}
 NPRHistory = Literal["last", "cumulative"]
 PipelineMode = Literal["pipeline", "ppo_offpolicy", "sync"]
-CurveX = Literal["accelerator_seconds", "accelerator_hours", "flops"]  # the compute axes scaling.io reads
+# the compute axes scaling.io reads: generator_flops is the sampling compute alone (scaling.io.X_AXES)
+CurveX = Literal["accelerator_seconds", "accelerator_hours", "flops", "generator_flops", "steps"]
 
 
 class _Choices:
@@ -328,7 +329,11 @@ class LoggingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CurveFitConfig(_Choices):
-  x: CurveX = "accelerator_seconds"  # the compute axis (launch/fit_curve.py --x takes its default from here)
+  # the compute axis (launch/fit_curve.py --x takes its default from here). The CPU default's is the sampling
+  # compute: its trainer FLOPs per step fall 2.4x over a run as the zero-variance filter drops solved groups, which
+  # bends the curve against a sigmoid; fitted on generator FLOPs its first half predicts its end within 0.03
+  # (benchmarks/RESULTS.md, "Calibration on real runs")
+  x: CurveX = "generator_flops"
   fit_upto: float = 0.5
   c_min: float = 0.0
   bayes: bool = True

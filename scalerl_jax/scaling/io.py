@@ -36,8 +36,10 @@ X_AXES = {
     "accelerator_hours": ("compute/accelerator_seconds", 1.0 / 3600.0),
     "accelerator_seconds": ("compute/accelerator_seconds", 1.0),
     "flops": ("compute/flops", 1.0),
+    "generator_flops": ("compute/generator_flops", 1.0),  # the sampling compute alone
+    "steps": ("step", 1.0),  # optimizer steps (a budget, not a compute: for a quick look)
 }
-DEFAULT_X = CurveFitConfig.x  # one default everywhere: accelerator-seconds, the unit metrics.jsonl logs
+DEFAULT_X = CurveFitConfig.x  # one default everywhere (the CPU default's axis: the sampling compute)
 EVAL_KEY = "eval/pass_rate"
 log = logging.getLogger(__name__)
 

@@ -61,7 +61,7 @@ def write_run_dir(points: CurvePoints, run_dir, steps_per_eval: int = 100,
                   flops_per_hour: float = 1e18) -> pathlib.Path:
   """Writes `points` (compute in accelerator-hours) as the trainer's RUN_DIR/metrics.jsonl; returns its path.
 
-  Each evaluation line carries the step, both compute keys and the eval/* keys; a non-eval line (a train step)
+  Each evaluation line carries the step, the compute keys (generator FLOPs: half of all) and the eval/* keys; a non-eval line (a train step)
   sits between evaluations, as in a real run.
   """
   run_dir = pathlib.Path(run_dir)
@@ -70,7 +70,8 @@ def write_run_dir(points: CurvePoints, run_dir, steps_per_eval: int = 100,
   with path.open("w") as f:
     for i, (c, r) in enumerate(zip(points.compute, points.reward)):
       step = i * steps_per_eval
-      compute = {"compute/accelerator_seconds": float(c) * 3600.0, "compute/flops": float(c) * flops_per_hour}
+      compute = {"compute/accelerator_seconds": float(c) * 3600.0, "compute/flops": float(c) * flops_per_hour,
+                 "compute/generator_flops": float(c) * flops_per_hour / 2}
       if i:
         f.write(json.dumps({"step": step - 1, "train/loss": 0.0, **compute}) + "\n")
       rec = {"step": step, **compute, "eval/pass_rate": float(r)}
