@@ -20,10 +20,12 @@ truth is known and the notebook runs in well under two minutes on a CPU."""),
     ("code", """import dataclasses
 import pathlib
 import tempfile
+import warnings
 
 import matplotlib.pyplot as plt
 import numpy as np
 
+warnings.filterwarnings("ignore", message="IProgress not found")  # (tqdm, imported below, wants ipywidgets)
 from scalerl_jax import scaling
 from scalerl_jax.scaling import plots, synthetic
 

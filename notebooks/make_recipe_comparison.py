@@ -16,7 +16,10 @@ $$R(C) = R_0 + \\frac{A - R_0}{1 + (C_{mid}/C)^B}$$
 
 This notebook does that on **real runs** of this project: the CPU study (`configs/studies/loo_cpu.yaml`), where the
 ScaleRL recipe and its leave-one-out ablations each trained a small policy on the built-in addition task from two
-seeds. The evaluations of some of those runs are stored in `data/study_cpu.json`.
+seeds. The evaluations of some of those runs are stored in `data/study_cpu.json`. $C$ is the compute spent sampling
+(generator FLOPs; every recipe here samples 64 prompts × 8 completions of one shape per step): the trainer's FLOPs
+per step fall 2.4× over a run as the zero-variance filter drops solved groups, which would bend the curves against
+the sigmoid (`benchmarks/RESULTS.md`, "Calibration on real runs").
 
 Instead of one best-fit curve, we ask NumPyro for the **posterior**: every curve that is consistent with the
 measurements, weighted by how well it explains them. Its spread is our uncertainty; a 90 % interval on $A$ is a
@@ -24,10 +27,12 @@ range that holds the ceiling with probability 0.9 under the model."""),
     ("code", """import json
 import pathlib
 import tempfile
+import warnings
 
 import matplotlib.pyplot as plt
 import numpy as np
 
+warnings.filterwarnings("ignore", message="IProgress not found")  # (tqdm, imported below, wants ipywidgets)
 from scalerl_jax import scaling
 from scalerl_jax.scaling import advice, plots, study
 
@@ -53,12 +58,16 @@ Two seeds of the same recipe should share a ceiling but may climb differently (r
 sampler, data order). The hierarchical model says exactly that: **one $A$ per recipe**, and for each seed its own
 $B$ and $C_{mid}$ drawn around recipe-level values whose spread is itself fitted. Each evaluation counts correct
 samples out of 512 held-out prompts × 4 samples, so the likelihood is binomial: a measurement of 0.70 from 2048
-samples is known to about ±0.01, and the fit weighs it accordingly. $R_0$ is fixed to each seed's step-0
-evaluation."""),
+samples is known to about ±0.01, and the fit weighs it accordingly. Each seed's $R_0$ is a parameter too, with its
+step-0 evaluation one more measurement (fixing it to that one noisy number makes the intervals too narrow).
+
+Each seed is also fitted on its own: if a seed's own interval on $A$ excludes the recipe's shared $A$, one ceiling
+does not describe the recipe's runs, and the table says so instead of reporting it."""),
     ("code", """fit = {"x": data["x"], "fit_upto": 1.0, "c_min": 0.0, "level": 0.9}
 fits = [study.fit_recipe(name, runs, fit, num_warmup=400, num_samples=800) for name, runs in points.items()]
 print(f"{'recipe':<12} {'A [90 % interval]':>22} {'B':>18} {'C_mid (' + data['x'] + ')':>30}  ceiling")
-for row in study.recipe_table(fits):
+table = study.recipe_table(fits)  # also fits each seed alone, to check that one A describes it
+for row in table:
   a, b, m = row["A"], row["B"], row["C_mid"]
   ceiling = "identified" if row["ceiling_identified"] else "not identified: " + row["ceiling_why_not"]
   print(f"{row['recipe']:<12} {a['median']:.3f} [{a['lo']:.3f}, {a['hi']:.3f}]   "
@@ -77,7 +86,7 @@ meet, computed for many pairs of draws (so it comes with an interval, and with t
 curves cross at all within 100× the compute the runs used)."""),
     ("code", """for pair in study.compare_recipes(fits):
   (r1, r2), p, x = pair["recipes"], pair["p_A1_greater"], pair["crossover"]
-  verdict = "resolved" if p >= 0.9 or p <= 0.1 else "not resolved"
+  verdict = "resolved: " + study.resolved(pair, table)
   cross = (f"cross at C = {x['median']:.3g} [{x['lo']:.3g}, {x['hi']:.3g}] ({100 * x['p_cross_in_range']:.0f} % of draws)"
            if "median" in x else "no crossing in range")
   print(f"{r1} vs {r2}: P(A1 > A2) = {p:.2f} ({verdict}); {cross}")"""),
@@ -111,12 +120,12 @@ for target in (0.7, 0.8, 0.9):
                                   f"never measured >= {target} (last {full.reward[-1]:.3f} at C = {full.compute[-1]:.3g})"))"""),
     ("md", """## Reading it
 
-* A ceiling difference is real when $P(A_1 > A_2)$ is near 0 or 1 *and* each ceiling is identified. Here the
-  300-step runs of most recipes are still climbing: their intervals on $A$ run up to the model's bound of 1, the
-  table says "not identified", and their $P(A_1 > A_2)$ stay near 0.5 — the study cannot rank those ceilings yet,
-  only their early efficiency. PPO-off-policy-8 (loo_8op) is the difference this budget does resolve; its two
-  seeds also disagree strongly (one collapses), which a single shared $A$ describes badly: read its narrow
-  interval with that in mind.
+* A ceiling difference is real when $P(A_1 > A_2)$ is near 0 or 1 *and* each ceiling is identified (or, when one is
+  not, the two intervals on $A$ lie apart). Here the 500-step runs of the PipelineRL recipes are still climbing:
+  their intervals on $A$ run up to the model's bound of 1, the table says "not identified", and the study cannot
+  rank those ceilings yet, only their early efficiency. PPO-off-policy-8 (loo_8op) is the difference this budget
+  does resolve; its two seeds also disagree strongly (one climbs to 0.72, the other falls back to 0.51), and each
+  seed's own fit says that one shared $A$ does not describe them.
 * $B$ is compared at a common $A$ only; a higher $B$ at a lower ceiling is a recipe that wins early and loses late —
   the crossover says where.
 * The same analysis runs on any run directories: `python launch/study.py STUDY.yaml --report-only` writes it as

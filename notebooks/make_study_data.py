@@ -13,8 +13,8 @@ import argparse
 import json
 import pathlib
 
-KEYS = ("step", "compute/accelerator_seconds", "compute/flops", "eval/pass_rate", "eval/n_correct", "eval/n_total",
-        "eval/samples_per_prompt")
+KEYS = ("step", "compute/accelerator_seconds", "compute/flops", "compute/generator_flops", "eval/pass_rate",
+        "eval/n_correct", "eval/n_total", "eval/samples_per_prompt")
 
 
 def main(argv=None) -> pathlib.Path:
