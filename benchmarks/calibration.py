@@ -13,14 +13,18 @@ bayes._observe), and compare with what the run measured at its end:
   * whether the final measurement lies inside the 50 % and 90 % predictive bands: the band of the curve plus one
     evaluation's own noise (least squares: the residual variance; NumPyro: the likelihood's noise, beta-binomial
     from the per-prompt counts the trainer logs, and the wander) plus the model discrepancy beyond the fit
-    (curves.Discrepancy), in three modes: none; fitted on all the runs given (in sample); and leave one
-    recipe out (a run's recipe is its parent directory: its runs are judged with the discrepancy fitted on the
-    other recipes' runs, the honest estimate for a recipe not yet run);
+    (curves.Discrepancy), in five modes: none; fitted on all the runs given (in sample); leave one recipe out (a
+    run's recipe is its parent directory: its runs are judged with the discrepancy fitted on the other recipes'
+    runs, the honest estimate for a recipe not yet run); and the conformal band (the discrepancy plus the scores
+    of the runs cut at the same fraction, curves.Discrepancy), in sample and leaving one recipe out;
+  * the median width of those bands (a conformal band holds the final value at about its level by construction,
+    for exchangeable runs: its width is what the model contributes);
   * whether the fit calls its ceiling identified (`advice.ceiling_status`): a fit that says it is not is counted
     as a refusal, and coverage is also given over the identified fits alone.
 Each --c-min value is the early-phase cut as a fraction of the run's last compute (the paper's c_min). Goals (issue
 20, over >= 12 runs of >= 3 recipes, 50 % fits): 90 % band covers 85-95 % of runs, 50 % band 40-60 %, median
-absolute error <= 0.03. The discrepancy fitted on all runs is what analysis.DISCREPANCY ships.
+absolute error <= 0.03. The discrepancy fitted on all runs, with the scores of the 50 % cuts, is what
+analysis.DISCREPANCY ships (printed at the end).
 
 Prints a table and writes benchmarks/results/calibration.json (with date, machine, command).
 """
@@ -82,13 +86,14 @@ def fit_cases(points, group: str, frac: float, c_min_frac: float, *, num_warmup:
     bayes_r0, wander = variant.split("/")
     t0 = time.perf_counter()
     run = analyse(points, fit_upto=frac, c_min=c_min_frac * c_last, bayes=True, bayes_r0=bayes_r0,
-                  num_warmup=num_warmup, num_samples=num_samples, wander=wander, discrepancy=0.0)
+                  num_warmup=num_warmup, num_samples=num_samples, wander=wander, discrepancy=NONE)
     identified, why = advice.ceiling_status(run)
     common = dict(run=points.name, group=group, frac=frac, c_min_frac=c_min_frac, final=final, c_last=c_last,
                   distance=float(np.log(c_last / run.window.fit.compute[-1])), identified=identified, why_not=why,
                   n_fit=len(run.window.fit), seconds=time.perf_counter() - t0)
-    if k == 0:  # the least-squares fit is the same in all
-      cases.append(Case(fitter="paper", fit=run.lsq, extra={}, **common))
+    if k == 0:  # the least-squares fit is the same in all; its ceiling judged from its own estimates
+      ok, why_lsq = advice.ceiling_status(dataclasses.replace(run, bayes=None))
+      cases.append(Case(fitter="paper", fit=run.lsq, extra={}, **{**common, "identified": ok, "why_not": why_lsq}))
     post = run.bayes
     extra = {"likelihood": post.likelihood, "divergences": post.diagnostics["divergences"],
              **{f"{n}_median": float(np.median(post.samples[n])) for n in ("wander_sigma", "wander_ell")
@@ -133,37 +138,62 @@ def fit_discrepancy(cases: list[Case]) -> Discrepancy:
   return discrepancy_mle(err, sd, dist)
 
 
-def rows_for(cases: list[Case], discrepancy, mode: str) -> list[dict]:
+def scores_of(cases: list[Case], discrepancy: Discrepancy) -> tuple:
+  """The conformal scores of finished runs (curves.Discrepancy): |logit(final) - logit(prediction)| / the sd of
+  the run's predictive band with `discrepancy` (from its 90 % band)."""
+  out = []
+  for case in cases:
+    lo, med, hi = band(case, 0.9, discrepancy)
+    if np.isfinite(lo):
+      out.append(round(float(abs(_logit(case.final) - _logit(med)) /
+                             max((_logit(hi) - _logit(lo)) / (2 * Z90), 1e-3)), 4))
+  return tuple(sorted(out))
+
+
+def rows_for(cases: list[Case], discrepancy: Discrepancy, mode: str) -> list[dict]:
   out = []
   for case in cases:
     row = {k: getattr(case, k) for k in ("run", "group", "frac", "c_min_frac", "fitter", "final", "identified",
                                           "why_not", "n_fit", "seconds")}
-    row.update(case.extra, mode=mode, discrepancy=discrepancy.as_dict())
+    row.update(case.extra, mode=mode, discrepancy={**discrepancy.as_dict(), "scores": len(discrepancy.scores)})
     for level in LEVELS:
-      lo, med, hi = band(case, level, discrepancy)
+      lo, _, hi = band(case, level, discrepancy)
       row[f"covered_{round(100 * level)}"] = bool(lo <= case.final <= hi) if np.isfinite(lo) else False
+      row[f"width_{round(100 * level)}"] = float(hi - lo) if np.isfinite(lo) else None
+    med = band(case, 0.5, NONE)[1]  # one point prediction in every mode (the discrepancy's draws left out)
     row["predicted"], row["abs_err"] = med, abs(med - case.final)
     out.append(row)
   return out
 
 
 def calibrate(cases: list[Case]) -> tuple[list[dict], dict]:
-  """Rows for each (fitter, c_min) in three modes: no discrepancy; the discrepancy fitted on all runs (in sample);
-  and leave one recipe out (each recipe's runs judged with the discrepancy fitted on the other recipes' runs: the
-  honest estimate for a new recipe). The discrepancy is fitted over both fit fractions together."""
-  rows, kappas = [], {}
+  """Rows for each (fitter, c_min) in five modes: no discrepancy; the discrepancy fitted on all runs (in
+  sample); leave one recipe out (each recipe's runs judged with the discrepancy fitted on the other recipes' runs:
+  the honest estimate for a new recipe); and the conformal band (scores of the runs cut at the same fraction)
+  in sample and leaving one recipe out. The discrepancy is fitted over all fit fractions together."""
+  rows, fitted = [], {}
   by_key: dict = {}
   for c in cases:
     by_key.setdefault((c.fitter, c.c_min_frac), []).append(c)
   for (fitter, c_min), cs in by_key.items():
     k_all = fit_discrepancy(cs)
-    kappas[f"{fitter} c_min={c_min}"] = {"all": k_all}
+    key = f"{fitter} c_min={c_min}"
+    fitted[key] = {"all": k_all}
     rows += rows_for(cs, NONE, "none") + rows_for(cs, k_all, "fitted")
+    for frac in sorted({c.frac for c in cs}):
+      at = [c for c in cs if c.frac == frac]
+      conf = dataclasses.replace(k_all, scores=scores_of(at, k_all))
+      fitted[key][f"conformal frac={frac}"] = conf
+      rows += rows_for(at, conf, "conformal")
     for g in sorted({c.group for c in cs}):
-      k_g = fit_discrepancy([c for c in cs if c.group != g])
-      kappas[f"{fitter} c_min={c_min}"][f"without {g}"] = k_g
+      others = [c for c in cs if c.group != g]
+      k_g = fit_discrepancy(others)
+      fitted[key][f"without {g}"] = k_g
       rows += rows_for([c for c in cs if c.group == g], k_g, "leave-one-recipe-out")
-  return rows, kappas
+      for frac in sorted({c.frac for c in cs}):
+        conf = dataclasses.replace(k_g, scores=scores_of([c for c in others if c.frac == frac], k_g))
+        rows += rows_for([c for c in cs if c.group == g and c.frac == frac], conf, "conformal, leave-one-out")
+  return rows, fitted
 
 
 def summarize(rows: list[dict], identified_only: bool = False) -> dict:
@@ -174,6 +204,8 @@ def summarize(rows: list[dict], identified_only: bool = False) -> dict:
           "mean_signed_err": float(np.mean([r["predicted"] - r["final"] for r in rs])),
           "covered_50": float(np.mean([r["covered_50"] for r in rs])),
           "covered_90": float(np.mean([r["covered_90"] for r in rs])),
+          "median_width_50": float(np.median([r["width_50"] for r in rs if r["width_50"] is not None] or [np.nan])),
+          "median_width_90": float(np.median([r["width_90"] for r in rs if r["width_90"] is not None] or [np.nan])),
           "refused": int(sum(not r["identified"] for r in rows)) if not identified_only else None}
 
 
@@ -221,18 +253,24 @@ def main(argv=None) -> Optional[dict]:
   for r in rows:
     groups.setdefault((r["fitter"], r["mode"], r["frac"], r["c_min_frac"]), []).append(r)
   results = []
-  print(f"\n{'fitter':<24}{'discrepancy':<22}{'frac':>5}{'c_min':>6}{'runs':>5}{'med|err|':>9}{'bias':>7}"
-        f"{'cov50':>7}{'cov90':>7}{'refused':>8}   identified only: {'runs':>4}{'cov50':>7}{'cov90':>7}")
+  print(f"\n{'fitter':<24}{'discrepancy':<26}{'frac':>5}{'c_min':>6}{'runs':>5}{'med|err|':>9}{'bias':>7}"
+        f"{'cov50':>7}{'cov90':>7}{'wid90':>7}{'refused':>8}   identified only: {'runs':>4}{'cov50':>7}{'cov90':>7}")
   for (fitter, mode, frac, c_min), rs in sorted(groups.items()):
     a, b = summarize(rs), summarize(rs, identified_only=True)
     results.append({"fitter": fitter, "mode": mode, "frac": frac, "c_min_frac": c_min, "all": a, "identified": b,
                     "groups": len({r["group"] for r in rs})})
     tail = f"{b['runs']:>4}{100 * b['covered_50']:6.0f}%{100 * b['covered_90']:6.0f}%" if b["runs"] else f"{0:>4}"
-    print(f"{fitter:<24}{mode:<22}{frac:5.2f}{c_min:6.2f}{a['runs']:>5}{a['median_abs_err']:9.3f}"
-          f"{a['mean_signed_err']:+7.3f}{100 * a['covered_50']:6.0f}%{100 * a['covered_90']:6.0f}%{a['refused']:>8}"
+    print(f"{fitter:<24}{mode:<26}{frac:5.2f}{c_min:6.2f}{a['runs']:>5}{a['median_abs_err']:9.3f}"
+          f"{a['mean_signed_err']:+7.3f}{100 * a['covered_50']:6.0f}%{100 * a['covered_90']:6.0f}%"
+          f"{a['median_width_90']:7.3f}{a['refused']:>8}"
           f"   {' ' * 18}{tail}")
-  print("\ndiscrepancy fitted on all runs (per unit of ln C, logit scale): " +
-        ", ".join(f"{k}: {v['all']}" for k, v in kappas.items()))
+  print("\ndiscrepancy fitted on all runs (logit scale; what analysis.DISCREPANCY ships, with the conformal scores "
+        "of the 50 % cuts):")
+  for k, v in kappas.items():
+    print(f"  {k}: {v['all']}")
+    for name, d in v.items():
+      if name.startswith("conformal"):
+        print(f"    {name}: scores={d.scores}")
   for k, v in skipped.items():
     print(f"skipped {k}: {v}")
   out = {"config": {**vars(args), "out": os.path.relpath(args.out, pathlib.Path(__file__).parents[1])},

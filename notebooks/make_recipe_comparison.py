@@ -120,12 +120,13 @@ for target in (0.7, 0.8, 0.9):
                                   f"never measured >= {target} (last {full.reward[-1]:.3f} at C = {full.compute[-1]:.3g})"))"""),
     ("md", """## Reading it
 
-* A ceiling difference is real when $P(A_1 > A_2)$ is near 0 or 1 *and* each ceiling is identified (or, when one is
-  not, the two intervals on $A$ lie apart). Here the 500-step runs of the PipelineRL recipes are still climbing:
-  their intervals on $A$ run up to the model's bound of 1, the table says "not identified", and the study cannot
-  rank those ceilings yet, only their early efficiency. PPO-off-policy-8 (loo_8op) is the difference this budget
-  does resolve; its two seeds also disagree strongly (one climbs to 0.72, the other falls back to 0.51), and each
-  seed's own fit says that one shared $A$ does not describe them.
+* A ceiling difference is real when $P(A_1 > A_2)$ is near 0 or 1 *and* each ceiling is identified (or the lower
+  one is identified and the two intervals on $A$ lie apart: a ceiling that is not identified is a lower bound at
+  best). Here the 500-step runs are still climbing: scalerl's interval on $A$ runs up to the model's bound of 1.
+  loo_dapo's is called identified here, from the stored totals (a binomial likelihood); the study's own report,
+  which also has the per-prompt counts, does not — read such a borderline call as borderline. PPO-off-policy-8
+  (loo_8op) leans lower, but its ceiling is not identified: one seed still climbs (0.72 at the end), the other
+  falls back to 0.51, so this budget does not resolve even that difference; the paper's longer runs do.
 * $B$ is compared at a common $A$ only; a higher $B$ at a lower ceiling is a recipe that wins early and loses late —
   the crossover says where.
 * The same analysis runs on any run directories: `python launch/study.py STUDY.yaml --report-only` writes it as

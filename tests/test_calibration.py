@@ -147,3 +147,34 @@ def test_discrepancy_widens_both_predictive_bands_beyond_the_fit_only():
     heavy = dataclasses.replace(b, discrepancy=Discrepancy(0.5, df=2.0))
     ratio = lambda level: widths(heavy, beyond, level) / widths(b, beyond, level)  # noqa: E731
     assert np.all(ratio(0.9) > ratio(0.5)) and np.all(ratio(0.5) > 1.0), (type(b).__name__, ratio(0.9), ratio(0.5))
+
+
+def test_conformal_scores_set_each_level_of_the_band_beyond_the_fit():
+  """With conformal scores (curves.Discrepancy), the band at level L beyond the fit is the prediction -/+ the
+  ceil((n + 1) L)-th smallest score times the band's sd (the largest score when L asks for more): scores that are
+  mostly small with a few large ones (most runs follow their curve, a few leave it) give a narrower 50 % band and
+  a wider 90 % band than the parametric one; inside the fit nothing changes."""
+  from scalerl_jax.scaling.analysis import analyse
+  from scalerl_jax.scaling.curves import Z90, Discrepancy
+
+  d = Discrepancy(0.5, scores=tuple(float(v) for v in range(1, 20)))
+  assert (d.multiplier(0.5), d.multiplier(0.9), d.multiplier(0.99)) == (10.0, 18.0, 19.0)
+  truth = SigmoidParams(A=0.7, B=1.5, C_mid=2000.0, R0=0.3)
+  pts = synthetic.synthetic_run(truth, 16000.0, n_evals=40, seed=5)
+  scores = (0.1,) * 13 + (3.0,) * 3
+  par = analyse(pts, fit_upto=0.5, bayes=True, num_warmup=200, num_samples=400, discrepancy=Discrepancy(0.5))
+  inside, beyond = np.array([1000.0, 4000.0]), np.array([2.0 * float(par.window.fit.compute[-1])])
+  for fit in (par.lsq, par.bayes):
+    conf = dataclasses.replace(fit, discrepancy=Discrepancy(0.5, scores=scores))
+    np.testing.assert_allclose(conf.band(inside, 0.9, predictive=True)[0], fit.band(inside, 0.9, predictive=True)[0])
+
+    def width(f, level):
+      lo, *_, hi = f.band(beyond, level, predictive=True)
+      return float((hi - lo)[0])
+
+    assert width(conf, 0.5) < width(fit, 0.5) and width(conf, 0.9) > width(fit, 0.9), type(fit).__name__
+    lo90, *_, hi90 = fit.band(beyond, 0.9, predictive=True)
+    lo, *_, hi = conf.band(beyond, 0.9, predictive=True)
+    logit = lambda p: np.log(p / (1 - p))  # noqa: E731
+    np.testing.assert_allclose((logit(hi) - logit(lo)) / 2, 3.0 * (logit(hi90) - logit(lo90)) / (2 * Z90),
+                               rtol=0.02)

@@ -100,6 +100,19 @@ def test_the_sampling_compute_and_step_axes(runs):
   assert (a.A, a.B) == pytest.approx((b.A, b.B), rel=1e-6) and a.C_mid == pytest.approx(b.C_mid / 2, rel=1e-6)
 
 
+def test_the_trainer_advice_reads_the_step_axis(tmp_path):
+  """curve_fit.x=steps: the advisor reads the step the flush passes with the record (metrics.jsonl gets it later)."""
+  from scalerl_jax.config import CurveFitConfig
+  from scalerl_jax.pipeline.step_metrics import TargetAdvisor
+  run = synthetic.synthetic_run(synthetic.table1("ScaleRL", r0=0.3), 16000.0, n_evals=12, seed=5)
+  advise = TargetAdvisor(CurveFitConfig(target=0.58, x="steps", bayes=False), tmp_path)
+  for i, r in enumerate(run.reward):
+    out = advise({"step": 10 * i, "eval/pass_rate": float(r)})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+      f.write(json.dumps({"step": 10 * i, "eval/pass_rate": float(r), **out}) + "\n")
+  assert 0.0 <= out["predict/p_target"] <= 1.0
+
+
 def test_fewer_than_four_points(tmp_path, capsys):
   csv = _csv(tmp_path / "short.csv", [(0, 0.3), (1, 0.4), (2, 0.45), (3, 0.5), (4, 0.52)])
   err = _error(capsys, [str(csv), "--fit-upto", "0.5"])

@@ -139,15 +139,19 @@ def test_a_recipe_whose_seeds_disagree_is_not_given_one_ceiling(study_report):
 
 
 def test_a_pair_is_resolved_only_when_its_ceilings_are_identified_or_apart():
-  """A ceiling held up by the prior's bound is a lower bound: with it, only intervals on A that do not overlap
-  resolve a pair, whatever P(A_1 > A_2) says."""
+  """A ceiling that is not identified is a lower bound at best: it can be shown above an identified ceiling whose
+  interval lies below its own, never below another, whatever P(A_1 > A_2) says."""
   rows = [{"recipe": r, "ceiling_identified": ok, "A": {"lo": lo, "hi": hi}}
           for r, ok, lo, hi in (("a", True, 0.8, 0.9), ("b", False, 0.85, 1.0), ("c", False, 0.5, 0.6),
                                 ("d", True, 0.6, 0.7))]
   assert study.resolved({"recipes": ["a", "d"], "p_A1_greater": 0.99}, rows) == "yes"
   assert study.resolved({"recipes": ["a", "d"], "p_A1_greater": 0.5}, rows) == "no"
   assert study.resolved({"recipes": ["a", "b"], "p_A1_greater": 0.05}, rows) == "no (a ceiling not identified)"
-  assert study.resolved({"recipes": ["b", "c"], "p_A1_greater": 1.0}, rows) == "yes (intervals on A apart)"
+  assert study.resolved({"recipes": ["b", "d"], "p_A1_greater": 1.0}, rows) == \
+      "yes (the lower ceiling identified, intervals on A apart)"
+  assert study.resolved({"recipes": ["d", "b"], "p_A1_greater": 0.0}, rows) == \
+      "yes (the lower ceiling identified, intervals on A apart)"
+  assert study.resolved({"recipes": ["a", "c"], "p_A1_greater": 1.0}, rows) == "no (a ceiling not identified)"
 
 
 def _crossing(p1: SigmoidParams, p2: SigmoidParams, c_lo: float) -> float:

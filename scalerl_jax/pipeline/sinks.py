@@ -1,7 +1,8 @@
 """Metric sinks: metrics.jsonl (+ tensorboardX) and the consumed-prompt log.
 
 metrics.jsonl holds one JSON object per optimizer step (and one for the step-0 evaluation); keys are
-`group/name`. The curve fit reads `compute/accelerator_seconds` or `compute/flops` against `eval/pass_rate`.
+`group/name`. The curve fit reads one `compute/...` key (scaling.io.X_AXES; by default `compute/generator_flops`)
+against `eval/pass_rate`.
 On resume the file is cut back to the checkpoint's step so that the series continues without duplicates.
 """
 

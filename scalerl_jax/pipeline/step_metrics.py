@@ -177,7 +177,7 @@ class StepLog:
       out.update(self._evaluate())
     out.update(self.meter.metrics())
     if evaluate and self._advise is not None:
-      out.update(self._advise(out))
+      out.update(self._advise({**out, "step": record.step + 1}))  # (curve_fit.x=steps reads it)
     self.logger.write(record.step + 1, out)
     self.bar.update(out)
 

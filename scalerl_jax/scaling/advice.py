@@ -60,7 +60,7 @@ def ceiling_checks(c_mid: float, c_cut: float, a_hi: float) -> tuple[bool, str]:
 def ceiling_status(run) -> tuple[bool, str]:
   """(identified, why not): `ceiling_checks` on the NumPyro posterior when the run has one (median C_mid, the
   upper end of A's central `run.level` interval), else on the least-squares estimates."""
-  c_cut = run.window.c_cut
+  c_cut = float(run.window.fit.compute[-1])  # the last fitted compute, as for a study's recipe
   if run.bayes is not None:
     hi = 0.5 + run.level / 2
     return ceiling_checks(float(np.median(run.bayes.param("C_mid"))), c_cut,

@@ -229,6 +229,10 @@ class BayesFit:
         var = mu * (1 - mu) / self.n_total * (1 + (spp - 1) / (self.samples["phi"][:, None] + 1))
         mu = mu + rng.normal(size=mu.shape) * np.sqrt(var)
     lo, med, hi = np.quantile(mu, [0.5 - level / 2, 0.5, 0.5 + level / 2], axis=0)
+    if predictive and self.discrepancy.scores and np.any(sd > 0):  # conformal beyond the fit (curves.Discrepancy)
+      lo90, hi90 = np.quantile(mu, [0.05, 0.95], axis=0)
+      clo, chi = self.discrepancy.conformal(lo90, med, hi90, level)
+      lo, hi = np.where(sd > 0, clo, lo), np.where(sd > 0, chi, hi)
     return lo, med, hi
 
 

@@ -31,16 +31,27 @@ import numpy as np
 from scipy.special import expit
 
 
+Z90 = 1.6448536269514722  # the standard normal's 95th percentile
+
+
 @dataclasses.dataclass(frozen=True)
 class Discrepancy:
   """The model discrepancy of a predictive band beyond the fitted data, on the logit scale: a sigmoid through a
   run's early part is not the run's exact shape, and the error of its extrapolation grows with the distance
   d = ln(C / the last fitted C). At compute C the band adds scale * d^power times a Student-t(df) draw (df = inf:
   normal); nothing inside the fit. Fitted on finished runs by benchmarks/calibration.py (analysis.discrepancy_mle;
-  the shipped default, analysis.DISCREPANCY, on the CPU study's runs)."""
+  the shipped default, analysis.DISCREPANCY, on the CPU study's runs).
+
+  `scores` (optional) make the band conformal (split conformal prediction over runs): each is a finished run's
+  |logit(final) - logit(prediction)| divided by the sd of its band (from its 90 % band, on the logit scale).
+  Then the band at level L beyond the fit is the prediction -/+ q_L times that sd, with q_L the
+  ceil((n + 1) L)-th smallest of the n scores (the largest when L asks for more than n scores can tell): under
+  exchangeable runs it holds the final value with probability >= L, whatever the errors' shape. A parametric band
+  cannot match both a 50 % and a 90 % level when most runs follow their curve and a few leave it."""
   scale: float = 0.0
   power: float = 1.0
   df: float = float("inf")
+  scores: tuple = ()
 
   def sd(self, c, c_fit_last: float) -> np.ndarray:
     """The scale at each compute c (0 at and before c_fit_last)."""
@@ -53,8 +64,22 @@ class Discrepancy:
     """Standard draws (Student-t with df degrees of freedom, or normal), to be multiplied by `sd`."""
     return rng.normal(size=shape) if np.isinf(self.df) else rng.standard_t(self.df, size=shape)
 
+  def multiplier(self, level: float) -> float:
+    """q_L of the scores (the class docstring)."""
+    s = np.sort(np.asarray(self.scores, dtype=float))
+    return float(s[min(int(np.ceil((s.size + 1) * level)), s.size) - 1])
+
+  def conformal(self, lo90, med, hi90, level: float) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) at `level` from a band's 5 %, 50 % and 95 % points: med -/+ multiplier(level) * sd on the logit
+    scale, sd = the 5-95 % width / (2 * 1.645)."""
+    logit = lambda p: np.log(np.clip(p, 1e-6, 1 - 1e-6)) - np.log1p(-np.clip(p, 1e-6, 1 - 1e-6))  # noqa: E731
+    sd = (logit(hi90) - logit(lo90)) / (2 * Z90)
+    m = self.multiplier(level)
+    return expit(logit(med) - m * sd), expit(logit(med) + m * sd)
+
   def as_dict(self) -> dict:
-    return {"scale": self.scale, "power": self.power, "df": None if np.isinf(self.df) else self.df}
+    return {"scale": self.scale, "power": self.power, "df": None if np.isinf(self.df) else self.df,
+            "scores": list(self.scores)}
 
 
 def log_compute(c: np.ndarray) -> np.ndarray:

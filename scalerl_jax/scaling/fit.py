@@ -85,7 +85,14 @@ class LsqFit:
     rng = np.random.default_rng(0)
     r = np.clip(mean[None, :] + np.sqrt(var)[None, :] * rng.normal(size=(BAND_DRAWS, mean.size)), 1e-6, 1 - 1e-6)
     logit = np.log(r) - np.log1p(-r) + self.discrepancy.draws(rng, r.shape) * sd[None, :]
-    lo, hi = np.quantile(1.0 / (1.0 + np.exp(-logit)), [0.5 - level / 2, 0.5 + level / 2], axis=0)
+    draws = 1.0 / (1.0 + np.exp(-logit))
+    lo, hi = np.quantile(draws, [0.5 - level / 2, 0.5 + level / 2], axis=0)
+    inside = sd <= 0  # the exact band where nothing is added
+    lo, hi = np.where(inside, mean - z * np.sqrt(var), lo), np.where(inside, mean + z * np.sqrt(var), hi)
+    if self.discrepancy.scores:  # conformal beyond the fit, around the curve (curves.Discrepancy)
+      lo90, hi90 = np.quantile(draws, [0.05, 0.95], axis=0)
+      clo, chi = self.discrepancy.conformal(lo90, mean, hi90, level)
+      lo, hi = np.where(sd > 0, clo, lo), np.where(sd > 0, chi, hi)
     return lo, hi
 
 

@@ -17,7 +17,8 @@ from scalerl_jax.scaling.analysis import RunFit
 from scalerl_jax.scaling.compare import linearised, refit_common_a
 from scalerl_jax.scaling.curves import log_f, sigmoid_curve
 
-UNITS = {"accelerator_hours": "accelerator-hours", "accelerator_seconds": "accelerator-seconds", "flops": "FLOPs"}
+UNITS = {"accelerator_hours": "accelerator-hours", "accelerator_seconds": "accelerator-seconds", "flops": "FLOPs",
+         "generator_flops": "sampling FLOPs", "steps": "optimizer steps"}
 
 
 def _short(name: str) -> str:

@@ -44,7 +44,7 @@ class CurvePoints:
   per_prompt: Optional[np.ndarray] = None  # int[N, P] correct samples per held-out prompt
   samples_per_prompt: Optional[int] = None  # n of mean@n; needed with per_prompt
   name: str = ""
-  x_axis: str = ""  # the compute unit: "accelerator_hours", "accelerator_seconds" or "flops"; "" when unknown
+  x_axis: str = ""  # the compute unit: a key of io.X_AXES ("generator_flops", "flops", ...); "" when unknown
 
   def __post_init__(self):
     where = f"{self.name}: " if self.name else ""

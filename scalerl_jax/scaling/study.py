@@ -17,7 +17,7 @@ configs):
     seeds: [0, 1]
     steps: 300                     # each run's budget: optimizer steps (the compute axis follows from them)
     overrides: [logging.progress=false]   # applied to every run
-    fit: {x: accelerator_seconds, fit_upto: 1.0, c_min: 0.0, level: 0.9}
+    fit: {x: generator_flops, fit_upto: 1.0, c_min: 0.0, level: 0.9}
     recipes:
       scalerl: {}                  # the base recipe itself
       loo_dapo: {ablation: ../loo_dapo.yaml}       # the keys that file sets over its own base
@@ -41,11 +41,11 @@ from scalerl_jax.scaling.analysis import BAYES_R0, WANDER, join_points
 from scalerl_jax.scaling.compare import prob_a_greater
 from scalerl_jax.scaling.curves import sigmoid_curve
 from scalerl_jax.scaling.fit import fit_fixed_a
-from scalerl_jax.scaling.io import load_points
+from scalerl_jax.scaling.io import DEFAULT_X, load_points
 from scalerl_jax.scaling.points import CurveDataError, CurvePoints, split
 
 STUDY_KEYS = ("name", "dir", "base", "seeds", "steps", "overrides", "fit", "recipes")
-FIT_DEFAULTS = {"x": "accelerator_seconds", "fit_upto": 1.0, "c_min": 0.0, "level": 0.9}
+FIT_DEFAULTS = {"x": DEFAULT_X, "fit_upto": 1.0, "c_min": 0.0, "level": 0.9}
 
 
 class StudyError(CurveDataError):
@@ -300,16 +300,18 @@ def recipe_table(fits: Sequence[RecipeFit], level: float = 0.9) -> list[dict]:
 
 def resolved(pair: dict, rows: Sequence[dict], p_min: float = 0.9) -> str:
   """Whether the study resolves which of a pair's ceilings is higher: "yes" when P(A_1 > A_2) is beyond p_min (or
-  1 - p_min) and both ceilings are identified, or, when one is not, their intervals on A do not overlap (a ceiling
-  held up by the prior's bound is a lower bound: P alone then says where the draws pile against the bound)."""
+  1 - p_min) and both ceilings are identified, or when the lower recipe's ceiling is identified and its interval
+  on A lies below the higher one's (a ceiling that is not identified is a lower bound at best: only the low end of
+  its interval means anything, so it can be shown higher than an identified one, never lower)."""
   prob = pair["p_A1_greater"]
   if p_min > prob > 1 - p_min:
     return "no"
   r1, r2 = (next(r for r in rows if r["recipe"] == name) for name in pair["recipes"])
-  if r1["ceiling_identified"] and r2["ceiling_identified"]:
+  high, low = (r1, r2) if prob >= p_min else (r2, r1)
+  if high["ceiling_identified"] and low["ceiling_identified"]:
     return "yes"
-  if r1["A"]["lo"] > r2["A"]["hi"] or r2["A"]["lo"] > r1["A"]["hi"]:
-    return "yes (intervals on A apart)"
+  if low["ceiling_identified"] and low["A"]["hi"] < high["A"]["lo"]:
+    return "yes (the lower ceiling identified, intervals on A apart)"
   return "no (a ceiling not identified)"
 
 
