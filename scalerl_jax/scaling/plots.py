@@ -57,7 +57,8 @@ def _band(run: RunFit, grid: np.ndarray):
 
 def plot_fit(run: RunFit, ax=None, c_max: Optional[float] = None, color: str = "C0", label: str = ""):
   """Measured points (fitted: filled, held out: hollow, dropped below c_min: grey), the fitted curve, its band
-  (posterior band with --bayes, delta-method band otherwise), the extrapolated region shaded, the cut-off marked."""
+  (posterior band with --bayes, delta-method band otherwise) and beside it the predictive band of one evaluation
+  (dashed), the extrapolated region shaded, the cut-off marked."""
   ax = _axes(ax)
   w, name = run.window, label or _short(run.name) or "run"
   grid = _grid(run, c_max)
@@ -73,6 +74,11 @@ def plot_fit(run: RunFit, ax=None, c_max: Optional[float] = None, color: str = "
           label=f"{name}: A={run.lsq.params.A:.3f}, B={run.lsq.params.B:.2f} ({run.lsq.method})")
   if run.bayes is not None:
     ax.plot(grid, run.bayes.band(grid, run.level)[1], color=color, lw=1, ls=":", label="posterior median")
+  plo, *_, phi = (run.bayes or run.lsq).band(grid, run.level, predictive=True)
+  if np.all(np.isfinite(plo)):  # where one evaluation should land: the mean's band plus its noise, the wander and,
+    # beyond the cut-off, the model discrepancy (curves.Discrepancy)
+    ax.plot(grid, plo, color=color, lw=0.8, ls="--", label=f"{run.level:.0%} predictive band (one evaluation)")
+    ax.plot(grid, phi, color=color, lw=0.8, ls="--")
   pts = run.points
   dropped = (pts.compute > 0) & (pts.compute < w.c_min)
   ax.scatter(w.fit.compute, w.fit.reward, s=14, color=color, zorder=3)
