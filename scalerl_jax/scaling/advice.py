@@ -13,10 +13,9 @@ has already measured, or one at or below R0, is reported as reached, with no ext
 `ceiling_status` says when a fit's ceiling is not identified yet (the advice and the report say so instead of
 presenting A as a prediction): the fitted midpoint C_mid lies beyond the last fitted compute (the curve has not
 bent inside the fit window), or A's interval runs into the prior's bound A <= 1 (A_BOUND; for a least-squares fit
-alone: its estimate does). On real runs of the CPU task cut at half their compute, the posterior's bound caught
-the fits of curves still accelerating in log-compute, whose least-squares midpoint sat inside the window
-(benchmarks/RESULTS.md, "Calibration on real runs"). No rule catches every early fit: a run whose last fitted
-points dip can look bent.
+alone: its estimate does). On the CPU study's 16 runs cut at half their compute, each rule refuses 4 fits, all of
+runs still climbing (benchmarks/RESULTS.md, "Calibration on real runs"). No rule catches every early fit: a run
+whose last fitted points dip can look bent.
 """
 
 from __future__ import annotations
