@@ -40,12 +40,11 @@ import time
 from typing import Optional
 
 import numpy as np
-from scipy.stats import norm
 from tqdm.auto import tqdm
 
 from scalerl_jax.scaling import advice
 from scalerl_jax.scaling import bayes as bayes_lib
-from scalerl_jax.scaling.curves import Discrepancy
+from scalerl_jax.scaling.curves import Discrepancy, logit, logit_sd
 from scalerl_jax.scaling.analysis import analyse, discrepancy_mle
 from scalerl_jax.scaling.io import DEFAULT_X, load_points
 from scalerl_jax.scaling.points import CurveDataError
@@ -54,7 +53,6 @@ LEVELS = (0.5, 0.9)
 
 
 VARIANTS = ("free/none", "free/iid", "free/ou")  # NumPyro: R0 fixed|free / wander (bayes.WANDERS)
-Z90 = norm.ppf(0.95)
 NONE = Discrepancy()  # no discrepancy
 
 
@@ -115,23 +113,19 @@ def band(case: Case, level: float, discrepancy=NONE) -> tuple[float, float, floa
   return lo, float(fit.params(c)[0]), hi
 
 
-def _logit(p):
-  p = np.clip(p, 1e-4, 1 - 1e-4)
-  return np.log(p) - np.log1p(-p)
+def error_and_sd(case: Case, discrepancy: Discrepancy = NONE) -> Optional[tuple[float, float]]:
+  """On the logit scale: the final measurement's error from the band's median, and the band's sd (from its 90 %
+  band, at least 1e-3); None without a band."""
+  lo, med, hi = band(case, 0.9, discrepancy)
+  if not np.isfinite(lo):
+    return None
+  return float(logit(case.final) - logit(med)), max(float(logit_sd(lo, hi)), 1e-3)
 
 
 def fit_discrepancy(cases: list[Case]) -> Discrepancy:
   """Maximum-likelihood discrepancy over cases (analysis.discrepancy_mle), with each fit's own
   predictive sd on the logit scale taken from its 90 % band."""
-  if not cases:
-    return NONE
-  rows = []
-  for case in cases:
-    lo, med, hi = band(case, 0.9)
-    if not np.isfinite(lo):
-      continue
-    rows.append((_logit(case.final) - _logit(med), max((_logit(hi) - _logit(lo)) / (2 * Z90), 1e-3),
-                 case.distance))
+  rows = [(*e, case.distance) for case in cases if (e := error_and_sd(case)) is not None]
   if not rows:
     return NONE
   err, sd, dist = (np.array(v) for v in zip(*rows))
@@ -141,13 +135,8 @@ def fit_discrepancy(cases: list[Case]) -> Discrepancy:
 def scores_of(cases: list[Case], discrepancy: Discrepancy) -> tuple:
   """The conformal scores of finished runs (curves.Discrepancy): |logit(final) - logit(prediction)| / the sd of
   the run's predictive band with `discrepancy` (from its 90 % band)."""
-  out = []
-  for case in cases:
-    lo, med, hi = band(case, 0.9, discrepancy)
-    if np.isfinite(lo):
-      out.append(round(float(abs(_logit(case.final) - _logit(med)) /
-                             max((_logit(hi) - _logit(lo)) / (2 * Z90), 1e-3)), 4))
-  return tuple(sorted(out))
+  return tuple(sorted(round(abs(e[0]) / e[1], 4) for case in cases
+                      if (e := error_and_sd(case, discrepancy)) is not None))
 
 
 def rows_for(cases: list[Case], discrepancy: Discrepancy, mode: str) -> list[dict]:

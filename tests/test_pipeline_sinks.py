@@ -48,3 +48,23 @@ def test_generator_idle_fraction_is_of_the_time_since_the_previous_step(tmp_path
   rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [r["pipeline/generator_idle_frac"] for r in rows] == [0.1, 0.75, 0.0]  # cumulative would read 4 / 14
   assert log.meter.gen_busy_s == 11.0  # 9 + 1 + 1, the restarted generator's too
+
+
+def test_the_advisor_gets_the_step_its_record_is_written_with(tmp_path):
+  """The early-stop advisor runs before metrics.jsonl adds the step, so the flush hands it the step (an advisor
+  on curve_fit.x=steps reads it): it sees the same step the line is written with."""
+  from scalerl_jax import rl, types
+  from scalerl_jax.pipeline.compute import ComputeMeter
+  from scalerl_jax.pipeline.sinks import ProgressBar
+  from scalerl_jax.pipeline.step_metrics import StepLog
+
+  seen = []
+  logger = MetricsLogger(tmp_path, tensorboard=False)
+  log = StepLog(logger, ProgressBar(False, 3, 0, "test"), ComputeMeter(1, 1, True),
+                evaluate=lambda: {"eval/pass_rate": 0.5}, advise=lambda out: seen.append(out["step"]) or {})
+  device = {**rl.empty_metrics(), "grad_norm": 1.0, "update_norm": 1.0, "skipped": 0}
+  log.hold(types.StepRecord(4, device, {"rollout/tokens": 10}, 1.0, 1.0, 0.0))
+  log.flush(evaluate=True)
+  logger.close()
+  row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+  assert seen == [row["step"]] == [5]

@@ -34,9 +34,9 @@ import numpyro.distributions as dist
 from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
 from numpyro.infer.hmc import hmc
 from numpyro.infer.util import initialize_model
-from scipy.special import gammaln
+from scipy.special import expit, gammaln
 
-from scalerl_jax.scaling.curves import Discrepancy, sigmoid_curve
+from scalerl_jax.scaling.curves import Discrepancy, logit, sigmoid_curve
 from scalerl_jax.scaling.points import MIN_FIT_POINTS, CurveDataError, CurvePoints
 
 LIKELIHOODS = ("auto", "gaussian", "binomial", "betabinomial")
@@ -217,8 +217,7 @@ class BayesFit:
       if np.any(sd > 0):
         off = off + self.discrepancy.draws(rng, mu.shape) * sd[None, :]
       if np.any(off != 0):
-        mu = np.clip(mu, 1e-6, 1 - 1e-6)
-        mu = 1.0 / (1.0 + np.exp(-(np.log(mu) - np.log1p(-mu) + off)))
+        mu = expit(logit(mu) + off)
       if self.likelihood == "gaussian":
         mu = mu + rng.normal(size=mu.shape) * self.samples["sigma"][:, None]
       elif self.likelihood == "binomial":

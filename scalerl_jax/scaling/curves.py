@@ -34,6 +34,17 @@ from scipy.special import expit
 Z90 = 1.6448536269514722  # the standard normal's 95th percentile
 
 
+def logit(p) -> np.ndarray:
+  """ln(p / (1 - p)), with p clipped to [1e-6, 1 - 1e-6]."""
+  p = np.clip(np.asarray(p, dtype=float), 1e-6, 1 - 1e-6)
+  return np.log(p) - np.log1p(-p)
+
+
+def logit_sd(lo90, hi90) -> np.ndarray:
+  """The sd on the logit scale of a band given by its 5 % and 95 % points (normal on that scale)."""
+  return (logit(hi90) - logit(lo90)) / (2 * Z90)
+
+
 @dataclasses.dataclass(frozen=True)
 class Discrepancy:
   """The model discrepancy of a predictive band beyond the fitted data, on the logit scale: a sigmoid through a
@@ -72,8 +83,7 @@ class Discrepancy:
   def conformal(self, lo90, med, hi90, level: float) -> tuple[np.ndarray, np.ndarray]:
     """(lo, hi) at `level` from a band's 5 %, 50 % and 95 % points: med -/+ multiplier(level) * sd on the logit
     scale, sd = the 5-95 % width / (2 * 1.645)."""
-    logit = lambda p: np.log(np.clip(p, 1e-6, 1 - 1e-6)) - np.log1p(-np.clip(p, 1e-6, 1 - 1e-6))  # noqa: E731
-    sd = (logit(hi90) - logit(lo90)) / (2 * Z90)
+    sd = logit_sd(lo90, hi90)
     m = self.multiplier(level)
     return expit(logit(med) - m * sd), expit(logit(med) + m * sd)
 

@@ -38,7 +38,7 @@ from scipy.optimize import OptimizeWarning, curve_fit
 from scipy.special import expit
 from scipy.stats import norm
 
-from scalerl_jax.scaling.curves import Discrepancy, PowerLawParams, SigmoidParams, log_compute, sigmoid_curve
+from scalerl_jax.scaling.curves import Discrepancy, PowerLawParams, SigmoidParams, log_compute, logit, sigmoid_curve
 from scalerl_jax.scaling.points import MIN_FIT_POINTS, CurveDataError
 
 PAPER_A_GRID = np.round(np.arange(0.450, 0.8001, 0.005), 3)  # 71 values
@@ -84,8 +84,7 @@ class LsqFit:
     # Beyond the fit: the normal band on R, then the discrepancy on the logit scale, by draws (fixed seed).
     rng = np.random.default_rng(0)
     r = np.clip(mean[None, :] + np.sqrt(var)[None, :] * rng.normal(size=(BAND_DRAWS, mean.size)), 1e-6, 1 - 1e-6)
-    logit = np.log(r) - np.log1p(-r) + self.discrepancy.draws(rng, r.shape) * sd[None, :]
-    draws = 1.0 / (1.0 + np.exp(-logit))
+    draws = expit(logit(r) + self.discrepancy.draws(rng, r.shape) * sd[None, :])
     lo, hi = np.quantile(draws, [0.5 - level / 2, 0.5 + level / 2], axis=0)
     inside = sd <= 0  # the exact band where nothing is added
     lo, hi = np.where(inside, mean - z * np.sqrt(var), lo), np.where(inside, mean + z * np.sqrt(var), hi)
