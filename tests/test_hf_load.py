@@ -245,6 +245,23 @@ def test_greedy_tokens_match_transformers_generate(loaded, name):
     assert new == p["new_ids"], (name, p["prompt"])
 
 
+def test_the_loaded_checkpoint_and_its_tokenizer_read_the_same_special_ids(tmp_path):
+  """Qwen's layout: config.json names one EOS id (<|endoftext|>), generation_config.json two (<|im_end|> first).
+  load_pretrained and the tokenizer (the trainer's stop ids) read them by one rule: generation_config.json first,
+  tokenizer_config.json's eos_token added."""
+  from scalerl_jax.data.tokenizer import tokenizer_from_pretrained
+
+  d = copy_of(tmp_path)
+  edit_config(d, eos_token_id=88, bos_token_id=89)
+  gen = json.loads((d / "generation_config.json").read_text())
+  (d / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [90, 88]}))
+  model, tok = load_pretrained(d), tokenizer_from_pretrained(d)
+  assert (model.bos_id, model.eos_ids, model.pad_id) == (tok.bos_id, tok.eos_ids, tok.pad_id) == (88, (90, 88), 88)
+  del gen["eos_token_id"]  # config.json's one id, and tokenizer_config.json's eos_token (<|im_end|> = 90)
+  (d / "generation_config.json").write_text(json.dumps(gen))
+  assert load_pretrained(d).eos_ids == tokenizer_from_pretrained(d).eos_ids == (88, 90)
+
+
 # ---- bad input: each error names the file and the tensor or key ----
 
 def copy_of(tmp_path, name="qwen3"):
