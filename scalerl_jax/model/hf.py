@@ -50,7 +50,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from safetensors import safe_open
 
-from scalerl_jax.config import ModelConfig
+from scalerl_jax.config import ConfigError, ModelConfig
 from scalerl_jax.errors import UserError
 from scalerl_jax.mesh import TRAIN_RULES, logical_to_sharding
 from scalerl_jax.model.policy import Params, Policy, make_policy
@@ -71,6 +71,18 @@ def _read_json(path: pathlib.Path) -> dict:
     return json.loads(path.read_text())
   except (OSError, ValueError) as e:
     raise HFCheckpointError(f"{path}: not readable JSON: {e}") from None
+
+
+def pretrained_dir(path: str | os.PathLike, key: str = "model.pretrained") -> pathlib.Path:
+  """`path` (the value of config key `key`) as a checkpoint directory; a missing path or a file is a ConfigError
+  naming the key (not the JSON error of reading a binary file as config.json)."""
+  p = pathlib.Path(path).expanduser()
+  expected = "a Hugging Face checkpoint directory (config.json + model.safetensors or its sharded index) is expected"
+  if not p.exists():
+    raise ConfigError(f"{key}: {path}: no such directory; {expected} (set {key}=PATH/TO/CHECKPOINT)")
+  if not p.is_dir():
+    raise ConfigError(f"{key}: {path} is a file, not a checkpoint directory; {expected}")
+  return p
 
 
 def _rope(hf: dict, where: str) -> dict:

@@ -68,9 +68,9 @@ class RLJob:
 
   def __init__(self, cfg: RunConfig, progress: Optional[bool] = None):
     if cfg.model.pretrained:  # the architecture is the checkpoint's: read it from its config.json
-      from scalerl_jax.model.hf import hf_model_config
+      from scalerl_jax.model.hf import hf_model_config, pretrained_dir
       m = cfg.model
-      arch = hf_model_config(m.pretrained, dtype=m.dtype, max_seq_len=m.max_seq_len)
+      arch = hf_model_config(pretrained_dir(m.pretrained), dtype=m.dtype, max_seq_len=m.max_seq_len)
       cfg = validate(dataclasses.replace(cfg, model=dataclasses.replace(
           arch, pretrained=m.pretrained, fp32_lm_head=m.fp32_lm_head)))
     self.cfg, d, r = cfg, cfg.data, cfg.rollout
