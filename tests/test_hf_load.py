@@ -142,6 +142,9 @@ class _Recorder:
       def get_shape(self):
         return self.inner.get_shape()
 
+      def get_dtype(self):
+        return self.inner.get_dtype()
+
       def __getitem__(self, idx):
         idx = idx if isinstance(idx, tuple) else (idx,)
         shape = self.inner.get_shape()
@@ -339,6 +342,13 @@ def test_missing_wrong_shape_and_extra_tensors(tmp_path):
   index["weight_map"]["model.layers.0.self_attn.q_norm.weight"] = "model-00004-of-00004.safetensors"
   (d / "model.safetensors.index.json").write_text(json.dumps(index))
   expect(d, "model-00004-of-00004.safetensors", "model.layers.0.self_attn.q_norm.weight")
+
+
+def test_an_integer_tensor_is_refused_not_cast(tmp_path):
+  """A weight stored as integers (a quantized checkpoint) was cast to float and trained silently."""
+  d = copy_of(tmp_path)
+  rewrite(d, lambda t: t.update({"model.norm.weight": np.ones_like(t["model.norm.weight"], np.int32)}))
+  expect(d, str(d / "model.safetensors"), "tensor 'model.norm.weight' is stored as I32, not a floating-point weight")
 
 
 @pytest.mark.parametrize("name,changes,fragments", [

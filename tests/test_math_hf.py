@@ -69,3 +69,11 @@ def test_a_missing_or_file_checkpoint_path_names_model_pretrained(tmp_path):
   gguf.write_bytes(b"GGUF\x03\x00\x00\x00\xff\xfe\x80")
   with pytest.raises(ConfigError, match=rf"^model\.pretrained: {gguf} is a file, not a checkpoint directory"):
     RLJob(load_config(ROOT / "configs" / "math_hf.yaml", [*run, f"model.pretrained={gguf}"]), progress=False)
+
+
+def test_the_default_config_with_a_checkpoint_refuses_the_character_tokenizer(tmp_path):
+  """model.pretrained alone on the default config: data.tokenizer=char would feed the built-in character ids to a
+  BPE checkpoint; refused, naming both keys."""
+  with pytest.raises(ConfigError, match=rf"^data\.tokenizer: char .* with model\.pretrained={QWEN3}, a checkpoint "
+                                        rf"with its own tokenizer .*data\.tokenizer={QWEN3}\)$"):
+    RLJob(load_config(None, [f"run_dir={tmp_path / 'run'}", f"model.pretrained={QWEN3}"]), progress=False)

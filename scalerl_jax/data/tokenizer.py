@@ -237,7 +237,8 @@ def is_checkpoint_dir(path: str | pathlib.Path) -> bool:
 
 def make_tokenizer(cfg, vocab_size: Optional[int] = None) -> CharTokenizer | HFTokenizer:
   """From a DataConfig: `data.tokenizer` = "char", a path to tokenizer.json (or a folder holding only it), or a
-  Hugging Face checkpoint directory (tokenizer_from_pretrained); `data.eos_token` (empty: the usual names, or the
+  Hugging Face checkpoint directory (tokenizer_from_pretrained; a checkpoint directory's tokenizer.json is read as
+  the directory, with its chat template and special ids); `data.eos_token` (empty: the usual names, or the
   checkpoint's ids) names the end-of-sequence token. `vocab_size` (model.vocab_size) is checked against the
   tokenizer's size with an error naming its file."""
   if cfg.tokenizer == "char":
@@ -245,9 +246,11 @@ def make_tokenizer(cfg, vocab_size: Optional[int] = None) -> CharTokenizer | HFT
       raise DataError(f"data.eos_token={cfg.eos_token!r} needs data.tokenizer set to a tokenizer.json: the built-in "
                       f"character vocabulary's EOS is {EOS_CHAR!r}")
     return CharTokenizer(cfg.chat_template)
-  if is_checkpoint_dir(cfg.tokenizer):
-    return PretrainedTokenizer(cfg.tokenizer, cfg.chat_template, eos_token=cfg.eos_token or None,
-                               vocab_size=vocab_size)
+  path = pathlib.Path(cfg.tokenizer).expanduser()
+  if path.name == "tokenizer.json" and path.is_file() and is_checkpoint_dir(path.parent):
+    path = path.parent  # a checkpoint's tokenizer.json: read as its directory (chat template, special ids)
+  if is_checkpoint_dir(path):
+    return PretrainedTokenizer(path, cfg.chat_template, eos_token=cfg.eos_token or None, vocab_size=vocab_size)
   tok = HFTokenizer(cfg.tokenizer, cfg.chat_template, eos_token=cfg.eos_token or None)
   if vocab_size is not None:
     check_vocab(tok, vocab_size)

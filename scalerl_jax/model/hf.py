@@ -58,6 +58,7 @@ from scalerl_jax.model.policy import Params, Policy, make_policy
 FAMILIES = ("llama", "qwen2", "qwen3")  # dense
 MOE_FAMILIES = ("qwen3_moe", "mixtral")  # model.family=moe
 _NP_DTYPES = {"float32": np.float32, "bfloat16": jnp.bfloat16}
+_FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")  # safetensors' names of the weight dtypes we read (cast to dtype=)
 
 
 class HFCheckpointError(UserError, ValueError):
@@ -482,7 +483,8 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", mesh: Op
 
   With `mesh`, each param is placed in the sharding `rules` give its logical axes, every device's block read from
   disk on its own (`jax.make_array_from_callback`); without, on the default device. Weights are cast to `dtype`
-  (float32 or bfloat16) whatever their dtype on disk. `max_seq_len` defaults to max_position_embeddings."""
+  (float32 or bfloat16) whatever their float dtype on disk (an integer tensor is refused). `max_seq_len` defaults to
+  max_position_embeddings."""
   d = pathlib.Path(path)
   if not d.is_dir():
     raise HFCheckpointError(f"{d}: no such checkpoint directory")
@@ -532,6 +534,10 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", mesh: Op
         if got != spec.stored_shape:
           raise HFCheckpointError(f"{f}: tensor {name!r} has shape {list(got)}, config.json implies "
                                   f"{list(spec.stored_shape)}")
+        stored = handles[f].get_slice(name).get_dtype()
+        if stored not in _FLOAT_DTYPES:  # an integer (quantized?) tensor would be cast to float silently
+          raise HFCheckpointError(f"{f}: tensor {name!r} is stored as {stored}, not a floating-point weight "
+                                  f"({', '.join(_FLOAT_DTYPES)}); quantized checkpoints are not supported")
         sources.append((handles[f], f, name))
       specs.append((spec, sources))
     out = [jax.make_array_from_callback(shape.shape, sharding, _block_reader(sources, spec, _NP_DTYPES[dtype]))
