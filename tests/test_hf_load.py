@@ -344,6 +344,14 @@ def test_missing_wrong_shape_and_extra_tensors(tmp_path):
   expect(d, "model-00004-of-00004.safetensors", "model.layers.0.self_attn.q_norm.weight")
 
 
+def test_a_special_id_outside_the_embedding_is_refused(tmp_path):
+  d = copy_of(tmp_path)
+  gen = json.loads((d / "generation_config.json").read_text())
+  (d / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [90, 500]}))
+  expect(d, f"{d / 'generation_config.json'}: eos_token_id 500 is not an id of the embedding "
+            f"({d / 'config.json'} vocab_size) (96 tokens)")
+
+
 def test_an_integer_tensor_is_refused_not_cast(tmp_path):
   """A weight stored as integers (a quantized checkpoint) was cast to float and trained silently."""
   d = copy_of(tmp_path)
