@@ -6,8 +6,9 @@
 Reads RUN_DIR/config.yaml, restores the params of the latest intact checkpoint (or exactly checkpoint --step N) on
 one device and writes them with `scalerl_jax.model.hf_export.export_pretrained`. The Hugging Face checkpoint the
 run's model was imported from (--source, default the run's model.pretrained) gives the family, special ids and
-tokenizer files; a run whose model was not imported needs --family. A user error prints as
-`export.py: error: ...` and exits 2.
+tokenizer files; a run whose model was not imported needs --family. --out may not be (or hold) the source
+checkpoint or RUN_DIR. An export without a tokenizer.json (a character-tokenizer run) says so, and why, in a
+warning line. A user error prints as `export.py: error: ...` and exits 2.
 """
 
 import argparse
@@ -81,7 +82,8 @@ def restore_params(run_dir: pathlib.Path, cfg, step=None):
 def main(argv=None) -> int:
   args = parse_args(argv)
   setup_logging(args.verbose)
-  from scalerl_jax.model.hf_export import FAMILIES as DENSE, MOE_FAMILIES, check_family, export_dtype, export_pretrained
+  from scalerl_jax.model.hf_export import FAMILIES as DENSE, MOE_FAMILIES, check_family, check_out_dir, export_dtype
+  from scalerl_jax.model.hf_export import export_pretrained
   FAMILIES = DENSE + MOE_FAMILIES
   try:
     dtype = export_dtype(args.dtype)
@@ -102,6 +104,7 @@ def main(argv=None) -> int:
                       f"--family ({' | '.join(FAMILIES)}) or --source HF_DIR")
     if args.family is not None:
       check_family(cfg.model, args.family)  # before the restore: a refusal costs nothing
+    check_out_dir(args.out, {"the source checkpoint": source, "the run directory": args.run_dir}, "--out")
     step, params = restore_params(pathlib.Path(args.run_dir), cfg, args.step)
     out = export_pretrained(params, cfg.model, args.out, dtype=dtype, family=args.family, source_dir=source)
   except UserError as e:
@@ -109,7 +112,23 @@ def main(argv=None) -> int:
   except OSError as e:
     fail(f"cannot write {args.out}: {e.strerror or e}")
   print(f"exported checkpoint {step} of {args.run_dir} to {out} ({dtype})")
+  if not (out / "tokenizer.json").is_file():
+    print(f"warning: no Hugging Face tokenizer was exported: {no_tokenizer_reason(cfg, source)}")
   return 0
+
+
+def no_tokenizer_reason(cfg, source) -> str:
+  """Why an export holds no tokenizer.json, and what its token ids are."""
+  if cfg.data.tokenizer == "char":
+    return ("the run used the built-in character tokenizer (data.tokenizer=char), which has no Hugging Face form; "
+            "the model's token ids are that vocabulary's (scalerl_jax/data/tokenizer.py), transformers cannot "
+            "tokenize for it")
+  if source is None and cfg.model.pretrained:
+    return f"model.pretrained={cfg.model.pretrained!r} is not a directory (moved?): pass --source HF_DIR"
+  if source is None:
+    return (f"the run's model was not imported from a checkpoint (no --source): copy its tokenizer "
+            f"(data.tokenizer={cfg.data.tokenizer}) beside the weights")
+  return f"the source checkpoint {source} holds no tokenizer.json"
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import pytest
 import yaml
 from etils import epath
 
-from scalerl_jax.config import ConfigError, ModelConfig, OptimizerConfig, load_config
+from scalerl_jax.config import ConfigError, ModelConfig, OptimizerConfig, absolute_paths, load_config
 from scalerl_jax.errors import UserError
 from scalerl_jax.mesh import TRAIN_RULES, Layout, make_mesh
 from scalerl_jax.model import make_policy
@@ -193,6 +193,19 @@ def test_a_checkpoint_with_the_older_hashed_fingerprint_still_resumes(ckdir, sav
   assert ck.restore_latest_intact(saved["target"], CFG)[0] == 6
   with pytest.raises(ResumeError, match=r"loss\.\* \(a checkpoint from before per-key fingerprints"):
     ck.restore_latest_intact(saved["target"], load_config(overrides=["loss.name=dapo"]))
+
+
+def test_a_checkpoint_naming_a_relative_path_resumes_once_the_path_is_absolute(tmp_path, monkeypatch):
+  """RLJob makes existing relative paths absolute (absolute_paths); a checkpoint written before that stored them as
+  given, and the same file is not a change."""
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "rows.jsonl").write_text("")
+  cfg = load_config(overrides=["data.task=file", "data.path=rows.jsonl"])
+  assert absolute_paths(cfg).data.path == str(tmp_path / "rows.jsonl")
+  assert ckpt_lib.fingerprint_changes(config_fingerprint(cfg), absolute_paths(cfg)) == []
+  moved = load_config(overrides=["data.task=file", "data.path=/elsewhere/rows.jsonl"])
+  assert ckpt_lib.fingerprint_changes(config_fingerprint(cfg), moved) == ["data.path: rows.jsonl -> "
+                                                                          "/elsewhere/rows.jsonl"]
 
 
 # ---- write failures ---------------------------------------------------------------------------------------

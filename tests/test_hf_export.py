@@ -6,6 +6,7 @@ for the fixture, tied embeddings write no lm_head, sharded exports, and the expo
 import dataclasses
 import importlib.util
 import json
+import os
 import pathlib
 
 import jax
@@ -196,7 +197,11 @@ def test_export_cli_latest_and_named(run_dir, step, tmp_path, capsys):
   d, want = run_dir
   argv = [str(d), "--out", str(tmp_path / "hf"), "--family", "llama"] + ([] if step is None else ["--step", "1"])
   assert cli.main(argv) == 0
-  assert f"exported checkpoint {step or 2}" in capsys.readouterr().out
+  printed = capsys.readouterr().out
+  assert f"exported checkpoint {step or 2}" in printed
+  # a character-tokenizer run has no Hugging Face tokenizer to export: said, with why
+  assert ("warning: no Hugging Face tokenizer was exported: the run used the built-in character tokenizer "
+          "(data.tokenizer=char)") in printed and not (tmp_path / "hf" / "tokenizer.json").exists()
   got = flat(load_pretrained(tmp_path / "hf").params)
   assert got.keys() == want[step or 2].keys()
   assert all(np.array_equal(got[k], want[step or 2][k]) for k in got)
@@ -256,6 +261,7 @@ def imported_run(tmp_path_factory):
 def test_export_cli_imported_run_needs_no_flags(imported_run, tmp_path, capsys):
   d, hf_dir = imported_run
   assert cli.main([str(d), "--out", str(tmp_path)]) == 0
+  assert "warning" not in capsys.readouterr().out  # the checkpoint's tokenizer went with it
   # the export is the imported checkpoint again: same tensors, same config.json (but transformers_version), same
   # tokenizer files
   ours, theirs = (load_file(str(x / "model.safetensors")) for x in (tmp_path, ROOT / "qwen3"))
@@ -279,22 +285,67 @@ def test_export_cli_imported_run_needs_no_flags(imported_run, tmp_path, capsys):
     moved.rename(hf_dir)
 
 
-def test_export_after_real_rl_steps_reads_back_as_the_trained_params(tmp_path, capsys):
-  """configs/math_hf.yaml trains the imported qwen3 fixture for two RL steps (a checkpoint at step 2); export.py
-  with no flags (family and tokenizer from the run's model.pretrained) writes the step-2 params."""
+def test_export_never_writes_over_its_source_or_its_run(imported_run, tmp_path, capsys, monkeypatch):
+  """--out the source checkpoint (or a directory holding it), or the run directory: refused, naming the path, before
+  anything is written (a bf16 export over the source replaced its fp32 weights silently)."""
+  d, hf_dir = imported_run
+  before = {f.name: f.read_bytes() for f in hf_dir.iterdir()}
+  monkeypatch.chdir(hf_dir)
+  for out, msg in [(hf_dir, f"--out {hf_dir} is the source checkpoint {hf_dir}"),
+                   (".", f"--out . is the source checkpoint {hf_dir}"),
+                   (hf_dir.parent, f"--out {hf_dir.parent} holds the source checkpoint {hf_dir}"),
+                   (d, f"--out {d} is the run directory {d}"), (d.parent, f"--out {d.parent} holds the ")]:
+    err = exit_error(capsys, cli.main, [str(d), "--out", str(out), "--dtype", "bf16"])
+    assert err.startswith("export.py: error: ") and msg in err and err.count("\n") == 1, err
+  assert {f.name: f.read_bytes() for f in hf_dir.iterdir()} == before
+  with pytest.raises(HFExportError, match=f"out_dir {hf_dir} is the source checkpoint"):
+    model = load_pretrained(hf_dir)
+    export_pretrained(model.params, model.cfg, hf_dir, source_dir=hf_dir, dtype="bfloat16")
+  assert {f.name: f.read_bytes() for f in hf_dir.iterdir()} == before
+
+
+def test_weights_are_written_with_the_mode_of_the_other_files(loaded, tmp_path):
+  """safetensors writes its files 0600; the weights get what the umask gives config.json and the tokenizer files."""
+  model = loaded["llama"]
+  umask = os.umask(0o027)
+  try:
+    out = export_pretrained(model.params, model.cfg, tmp_path, source_dir=ROOT / "llama", max_shard_bytes=60_000)
+  finally:
+    os.umask(umask)
+  modes = {f.name: oct(f.stat().st_mode & 0o777) for f in out.iterdir()}
+  assert len(modes) > 5 and set(modes.values()) == {"0o640"}, modes
+
+
+def test_export_after_real_rl_steps_reads_back_as_the_trained_params(tmp_path, capsys, monkeypatch):
+  """configs/math_hf.yaml trains the imported qwen3 fixture for two RL steps (a checkpoint at step 2), from relative
+  model.pretrained / data.tokenizer paths; from another working directory, export.py with no flags (family and
+  tokenizer from the run's model.pretrained) writes the step-2 params, and a resume from the run's config.yaml
+  trains step 3 (config.yaml holds the paths absolute)."""
+  import shutil
+
   from scalerl_jax.config import load_config
   from scalerl_jax.pipeline.job import RLJob
-  from tests.test_math_hf import ROOT as REPO, TINY, _rows
+  from tests.test_math_hf import QWEN3, ROOT as REPO, TINY, _rows
 
   data, held_out = _rows(tmp_path / "train.jsonl", seed=0), _rows(tmp_path / "eval.jsonl", seed=1)
-  run = tmp_path / "run"
+  run, work, elsewhere = tmp_path / "run", tmp_path / "work", tmp_path / "elsewhere"
+  shutil.copytree(QWEN3, work / "ckpt")
+  elsewhere.mkdir()
+  monkeypatch.chdir(work)
   job = RLJob(load_config(REPO / "configs" / "math_hf.yaml", [f"run_dir={run}", f"data.path={data}",
-                                                              f"data.eval_path={held_out}", *TINY,
-                                                              "pipeline.steps=2"]), progress=False)
+                                                              f"data.eval_path={held_out}", *TINY, "pipeline.steps=2",
+                                                              "model.pretrained=ckpt", "data.tokenizer=ckpt"]),
+              progress=False)
   job.run()
   assert job.ckpt.latest_step() == 2
-  assert cli.main([str(run), "--out", str(tmp_path / "hf")]) == 0
+  monkeypatch.chdir(elsewhere)
+  saved = load_config(run / "config.yaml")
+  assert saved.model.pretrained == saved.data.tokenizer == str(work / "ckpt")
+  assert cli.main([str(run), "--out", "hf"]) == 0
   assert "exported checkpoint 2" in capsys.readouterr().out
-  got, trained = flat(load_pretrained(tmp_path / "hf").params), flat(job.state.params)
+  got, trained = flat(load_pretrained(elsewhere / "hf").params), flat(job.state.params)
   assert got.keys() == trained.keys() and all(np.array_equal(got[k], trained[k]) for k in trained)
-  assert (tmp_path / "hf" / "chat_template.jinja").is_file()
+  assert (elsewhere / "hf" / "chat_template.jinja").is_file()
+  resumed = RLJob(load_config(run / "config.yaml", ["pipeline.steps=3"]), progress=False)
+  resumed.run()
+  assert resumed.start_step == 2 and resumed.ckpt.latest_step() == 3

@@ -142,6 +142,9 @@ class _Recorder:
       def get_shape(self):
         return self.inner.get_shape()
 
+      def get_dtype(self):
+        return self.inner.get_dtype()
+
       def __getitem__(self, idx):
         idx = idx if isinstance(idx, tuple) else (idx,)
         shape = self.inner.get_shape()
@@ -245,6 +248,23 @@ def test_greedy_tokens_match_transformers_generate(loaded, name):
     assert new == p["new_ids"], (name, p["prompt"])
 
 
+def test_the_loaded_checkpoint_and_its_tokenizer_read_the_same_special_ids(tmp_path):
+  """Qwen's layout: config.json names one EOS id (<|endoftext|>), generation_config.json two (<|im_end|> first).
+  load_pretrained and the tokenizer (the trainer's stop ids) read them by one rule: generation_config.json first,
+  tokenizer_config.json's eos_token added."""
+  from scalerl_jax.data.tokenizer import tokenizer_from_pretrained
+
+  d = copy_of(tmp_path)
+  edit_config(d, eos_token_id=88, bos_token_id=89)
+  gen = json.loads((d / "generation_config.json").read_text())
+  (d / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [90, 88]}))
+  model, tok = load_pretrained(d), tokenizer_from_pretrained(d)
+  assert (model.bos_id, model.eos_ids, model.pad_id) == (tok.bos_id, tok.eos_ids, tok.pad_id) == (88, (90, 88), 88)
+  del gen["eos_token_id"]  # config.json's one id, and tokenizer_config.json's eos_token (<|im_end|> = 90)
+  (d / "generation_config.json").write_text(json.dumps(gen))
+  assert load_pretrained(d).eos_ids == tokenizer_from_pretrained(d).eos_ids == (88, 90)
+
+
 # ---- bad input: each error names the file and the tensor or key ----
 
 def copy_of(tmp_path, name="qwen3"):
@@ -322,6 +342,21 @@ def test_missing_wrong_shape_and_extra_tensors(tmp_path):
   index["weight_map"]["model.layers.0.self_attn.q_norm.weight"] = "model-00004-of-00004.safetensors"
   (d / "model.safetensors.index.json").write_text(json.dumps(index))
   expect(d, "model-00004-of-00004.safetensors", "model.layers.0.self_attn.q_norm.weight")
+
+
+def test_a_special_id_outside_the_embedding_is_refused(tmp_path):
+  d = copy_of(tmp_path)
+  gen = json.loads((d / "generation_config.json").read_text())
+  (d / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [90, 500]}))
+  expect(d, f"{d / 'generation_config.json'}: eos_token_id 500 is not an id of the embedding "
+            f"({d / 'config.json'} vocab_size) (96 tokens)")
+
+
+def test_an_integer_tensor_is_refused_not_cast(tmp_path):
+  """A weight stored as integers (a quantized checkpoint) was cast to float and trained silently."""
+  d = copy_of(tmp_path)
+  rewrite(d, lambda t: t.update({"model.norm.weight": np.ones_like(t["model.norm.weight"], np.int32)}))
+  expect(d, str(d / "model.safetensors"), "tensor 'model.norm.weight' is stored as I32, not a floating-point weight")
 
 
 @pytest.mark.parametrize("name,changes,fragments", [

@@ -195,3 +195,69 @@ def test_vocabulary_larger_than_the_embedding_names_the_file(tmp_path):
   assert not isinstance(make_tokenizer(cfg), PretrainedTokenizer)
   with pytest.raises(DataError, match=rf"^{bare / 'tokenizer.json'}: the tokenizer has 91 tokens"):
     make_tokenizer(cfg, vocab_size=32)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_checkpoints_tokenizer_json_reads_as_its_directory(name):
+  """data.tokenizer naming a checkpoint's tokenizer.json rather than its directory: the same tokenizer, chat template
+  and special ids (it was read bare: no chat template, so the prompt went in without its chat turn)."""
+  by_file = make_tokenizer(DataConfig(tokenizer=str(ROOT / name / "tokenizer.json")))
+  by_dir = make_tokenizer(DataConfig(tokenizer=str(ROOT / name)))
+  assert isinstance(by_file, PretrainedTokenizer) and by_file.chat is not None
+  assert by_file.render_prompt("What is 2+3?") == by_dir.render_prompt("What is 2+3?") != "What is 2+3?"
+  assert by_file.encode_prompt("What is 2+3?") == by_dir.encode_prompt("What is 2+3?")
+  assert (by_file.bos_id, by_file.eos_ids, by_file.pad_id) == (by_dir.bos_id, by_dir.eos_ids, by_dir.pad_id)
+
+
+def _check_pair(weights: pathlib.Path, tokenizer: str | pathlib.Path) -> None:
+  """validate_with_tokenizer as RLJob runs it: the architecture from `weights`' config.json, data.tokenizer's
+  tokenizer (interruption off: only the model/tokenizer checks speak)."""
+  from scalerl_jax.config import RunConfig, validate_with_tokenizer
+  from scalerl_jax.model.hf import hf_model_config
+
+  cfg = RunConfig()
+  cfg = dataclasses.replace(
+      cfg, model=dataclasses.replace(hf_model_config(weights), pretrained=str(weights)),
+      data=dataclasses.replace(cfg.data, tokenizer=str(tokenizer)),
+      rollout=dataclasses.replace(cfg.rollout, interruption=dataclasses.replace(cfg.rollout.interruption,
+                                                                                enabled=False)))
+  validate_with_tokenizer(cfg, make_tokenizer(cfg.data, vocab_size=cfg.model.vocab_size))
+
+
+def test_a_tokenizer_of_another_model_is_refused_naming_the_keys(tmp_path):
+  from scalerl_jax.config import ConfigError
+
+  bare = tmp_path / "bare"  # a folder holding only a tokenizer.json: its special ids by the usual names
+  bare.mkdir()
+  shutil.copy(ROOT / "qwen3" / "tokenizer.json", bare / "tokenizer.json")
+  weights_only = tmp_path / "weights_only"  # as a character-tokenizer run exports: no tokenizer, no special ids
+  weights_only.mkdir()
+  shutil.copy(ROOT / "qwen3" / "model.safetensors", weights_only / "model.safetensors")
+  shutil.copy(ROOT / "qwen3" / "config.json", weights_only / "config.json")
+  _edit(weights_only / "config.json", bos_token_id=None, eos_token_id=None, pad_token_id=None)
+  for weights, tokenizer in [(ROOT / n, ROOT / n) for n in FAMILIES] + [
+      (ROOT / "llama", ROOT / "llama" / "tokenizer.json"), (ROOT / "qwen3", bare), (weights_only, "char")]:
+    _check_pair(weights, tokenizer)  # the real matches (Qwen pads vocab_size past its tokenizer's 91 tokens)
+  (tmp_path / "b").mkdir()
+  (tmp_path / "e").mkdir()
+  other_bos = _copy("llama", tmp_path / "b")  # Llama's tokenizer files, with another model's special ids
+  for f in ("config.json", "generation_config.json"):
+    _edit(other_bos / f, bos_token_id=1)
+  other_eos = _copy("llama", tmp_path / "e")
+  for f in ("config.json", "generation_config.json"):
+    _edit(other_eos / f, eos_token_id=[5])
+  _edit(other_eos / "tokenizer_config.json", eos_token=None)
+  cases = [(ROOT / "qwen3", "char", r"data\.tokenizer: char \(the built-in character vocabulary\) with "
+                                    rf"model\.pretrained={ROOT / 'qwen3'}, a checkpoint with its own tokenizer "
+                                    r"\(tokenizer\.json\).*data\.tokenizer="),
+           (ROOT / "qwen2", ROOT / "qwen3", rf"data\.tokenizer: model\.pretrained={ROOT / 'qwen2'} names bos_token_id "
+                                            rf"96, not an id of data\.tokenizer={ROOT / 'qwen3'} \(91 tokens\)"),
+           (ROOT / "llama", ROOT / "qwen2", r"names bos_token_id 112, not an id of .*\(99 tokens\)"),
+           (ROOT / "qwen2", bare, r"names bos_token_id 96, not an id of .*bare \(91 tokens\)"),
+           (ROOT / "llama", other_bos, r"data\.tokenizer: .* has BOS id 1 but model\.pretrained=.*llama names "
+                                       r"bos_token_id 112"),
+           (ROOT / "llama", other_eos, r"stops on EOS ids \[5\] but model\.pretrained=.* names eos_token_id "
+                                       r"\[113, 116\]")]
+  for weights, tokenizer, msg in cases:
+    with pytest.raises(ConfigError, match=msg):
+      _check_pair(weights, tokenizer)

@@ -7,8 +7,9 @@ import pathlib
 
 import jax
 import numpy as np
+import pytest
 
-from scalerl_jax.config import load_config
+from scalerl_jax.config import ConfigError, load_config
 from scalerl_jax.model.hf import load_pretrained
 from scalerl_jax.pipeline.job import RLJob
 
@@ -55,3 +56,24 @@ def test_math_hf_recipe_trains_an_imported_checkpoint_and_resumes(tmp_path):
   assert resumed.start_step == 3 and resumed.ckpt.latest_step() == 4
   prompts = [json.loads(l)["step"] for l in (tmp_path / "run" / "consumed_prompts.jsonl").read_text().splitlines()]
   assert prompts == [0, 1, 2, 3]
+
+
+def test_a_missing_or_file_checkpoint_path_names_model_pretrained(tmp_path):
+  """math_hf.yaml's placeholder checkpoint, and a file where a directory is expected: a ConfigError naming the key
+  (not config.json's 'no such file', nor a utf-8 codec error from reading a binary file as JSON)."""
+  run = [f"run_dir={tmp_path / 'run'}"]
+  with pytest.raises(ConfigError, match=r"^model\.pretrained: checkpoints/model: no such directory; a Hugging Face "
+                                        r"checkpoint directory .* is expected"):
+    RLJob(load_config(ROOT / "configs" / "math_hf.yaml", run), progress=False)
+  gguf = tmp_path / "model.gguf"
+  gguf.write_bytes(b"GGUF\x03\x00\x00\x00\xff\xfe\x80")
+  with pytest.raises(ConfigError, match=rf"^model\.pretrained: {gguf} is a file, not a checkpoint directory"):
+    RLJob(load_config(ROOT / "configs" / "math_hf.yaml", [*run, f"model.pretrained={gguf}"]), progress=False)
+
+
+def test_the_default_config_with_a_checkpoint_refuses_the_character_tokenizer(tmp_path):
+  """model.pretrained alone on the default config: data.tokenizer=char would feed the built-in character ids to a
+  BPE checkpoint; refused, naming both keys."""
+  with pytest.raises(ConfigError, match=rf"^data\.tokenizer: char .* with model\.pretrained={QWEN3}, a checkpoint "
+                                        rf"with its own tokenizer .*data\.tokenizer={QWEN3}\)$"):
+    RLJob(load_config(None, [f"run_dir={tmp_path / 'run'}", f"model.pretrained={QWEN3}"]), progress=False)

@@ -2,12 +2,13 @@
 
   schema.py    the dataclasses (one per concern, composed into RunConfig), the Literal choices, ConfigError
   validate.py  range and cross-field checks: one ConfigError naming every bad key
-  load.py      YAML files + dotted overrides through OmegaConf -> a validated RunConfig; to_yaml
+  load.py      YAML files + dotted overrides through OmegaConf -> a validated RunConfig; to_yaml; absolute_paths
 """
 
-from scalerl_jax.config.load import load_config, to_yaml
+from scalerl_jax.config.load import PATH_KEYS, absolute_paths, load_config, to_yaml
 from scalerl_jax.config.schema import *  # noqa: F401,F403  (every group dataclass, the Literal types, CHOICES)
 from scalerl_jax.config.schema import CHOICES, CONFIG_GROUPS, ConfigError, RunConfig
 from scalerl_jax.config.validate import validate, validate_with_tokenizer
 
-__all__ = ["CHOICES", "CONFIG_GROUPS", "ConfigError", "RunConfig", "load_config", "to_yaml", "validate", "validate_with_tokenizer"]
+__all__ = ["CHOICES", "CONFIG_GROUPS", "ConfigError", "PATH_KEYS", "RunConfig", "absolute_paths", "load_config", "to_yaml",
+           "validate", "validate_with_tokenizer"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import pathlib
 import typing
 from typing import Any, Literal, Optional, Sequence
@@ -117,3 +118,24 @@ def load_config(path: Optional[str | pathlib.Path] = None, overrides: Sequence[s
 
 def to_yaml(cfg: RunConfig) -> str:
   return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+# keys naming files or directories, read relative to the working directory
+PATH_KEYS = ("model.pretrained", "data.tokenizer", "data.path", "data.eval_path")
+
+
+def absolute_paths(cfg: RunConfig) -> RunConfig:
+  """`cfg` with each relative path of PATH_KEYS that exists made absolute (against the working directory), so the
+  run's config.yaml means the same files from any directory (launch/export.py, a resume with --config
+  RUN_DIR/config.yaml); a path that does not exist is left as written, for its error. data.tokenizer=char is a
+  name, not a path."""
+  changes: dict[str, dict[str, str]] = {}
+  for key in PATH_KEYS:
+    group, name = key.split(".")
+    value = getattr(getattr(cfg, group), name)
+    if not value or (key == "data.tokenizer" and value == "char"):
+      continue
+    path = os.path.expanduser(value)
+    if not os.path.isabs(path) and os.path.exists(path):
+      changes.setdefault(group, {})[name] = os.path.abspath(path)
+  return dataclasses.replace(cfg, **{g: dataclasses.replace(getattr(cfg, g), **c) for g, c in changes.items()})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import pathlib
 from typing import Any
 
 from scalerl_jax.config.schema import ConfigError, ModelConfig, RunConfig
@@ -150,14 +151,53 @@ def _floats(cfg: Any, prefix: str = "") -> list[tuple[str, float]]:
 
 
 def validate_with_tokenizer(cfg: RunConfig, tokenizer) -> None:
-  """The checks that need the run's tokenizer (built from data.tokenizer): the model's vocabulary holds it, and
-  the interruption budget (thinking + the phrase's tokens + answer) fits rollout.max_new_tokens."""
+  """The checks that need the run's tokenizer (built from data.tokenizer): the model's vocabulary holds it, it is
+  model.pretrained's own (_check_pretrained_tokenizer), and the interruption budget (thinking + the phrase's tokens
+  + answer) fits rollout.max_new_tokens."""
   if tokenizer.vocab_size > cfg.model.vocab_size:
     raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} is smaller than the tokenizer's "
                       f"{tokenizer.vocab_size} tokens")
+  if cfg.model.pretrained:
+    _check_pretrained_tokenizer(cfg, tokenizer)
   r, it = cfg.rollout, cfg.rollout.interruption
   phrase = len(tokenizer.encode(it.phrase))
   if it.enabled and it.think_budget_max + phrase + it.answer_budget > r.max_new_tokens:
     raise ConfigError(f"rollout.max_new_tokens: {r.max_new_tokens} cannot hold think_budget_max "
                       f"{it.think_budget_max} + the phrase's {phrase} tokens + answer_budget {it.answer_budget} = "
                       f"{it.think_budget_max + phrase + it.answer_budget}")
+
+
+# a checkpoint directory holding any of these has a tokenizer of its own
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+def _check_pretrained_tokenizer(cfg: RunConfig, tokenizer) -> None:
+  """data.tokenizer must be model.pretrained's own (ids mean tokens only to the model trained on them): the
+  built-in character vocabulary only for a checkpoint without a tokenizer of its own (one exported from a
+  character-tokenizer run); any tokenizer must hold the checkpoint's BOS / EOS ids (those of its
+  generation_config.json / config.json), and a checkpoint directory's tokenizer must name the same BOS and share an
+  EOS id. (The tokenizer fitting the embedding is make_tokenizer's check; Qwen pads vocab_size past its tokenizer.)"""
+  from scalerl_jax.model.hf import special_ids
+
+  m, d = cfg.model.pretrained, pathlib.Path(cfg.model.pretrained)
+  hint = f"use the checkpoint's own tokenizer (data.tokenizer={m})"
+  if cfg.data.tokenizer == "char":
+    own = [n for n in _TOKENIZER_FILES if (d / n).is_file()]
+    if own:
+      raise ConfigError(f"data.tokenizer: char (the built-in character vocabulary) with model.pretrained={m}, a "
+                        f"checkpoint with its own tokenizer ({own[0]}): the character ids mean other tokens to it; "
+                        f"{hint}")
+  ids = special_ids(d)
+  tok = f"data.tokenizer={cfg.data.tokenizer} ({tokenizer.vocab_size} tokens)"
+  for key, got in [("bos_token_id", ids.bos_id)] + [("eos_token_id", i) for i in ids.eos_ids]:
+    if got is not None and got >= tokenizer.vocab_size:
+      raise ConfigError(f"data.tokenizer: model.pretrained={m} names {key} {got}, not an id of {tok}: a tokenizer "
+                        f"of another model; {hint}")
+  if getattr(tokenizer, "directory", None) is None:
+    return  # a bare tokenizer.json names its special tokens by guesswork (usual names): only the ids are checked
+  if ids.bos_id is not None and tokenizer.bos_id is not None and ids.bos_id != tokenizer.bos_id:
+    raise ConfigError(f"data.tokenizer: {tok} has BOS id {tokenizer.bos_id} but model.pretrained={m} names "
+                      f"bos_token_id {ids.bos_id}: a tokenizer of another model; {hint}")
+  if ids.eos_ids and not set(ids.eos_ids) & set(tokenizer.eos_ids):
+    raise ConfigError(f"data.tokenizer: {tok} stops on EOS ids {list(tokenizer.eos_ids)} but model.pretrained={m} "
+                      f"names eos_token_id {list(ids.eos_ids)}: a tokenizer of another model; {hint}")

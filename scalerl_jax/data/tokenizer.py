@@ -23,7 +23,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any, Mapping, Optional, Sequence
 
-from scalerl_jax.data.chat import ChatTemplate, load_chat_template, token_text
+from scalerl_jax.data.chat import ChatTemplate, load_chat_template
 from scalerl_jax.data.sources import DataError
 
 END_MARKER = "|"  # end of thinking in the built-in tasks' completions
@@ -166,22 +166,19 @@ class HFTokenizer:
     return bos + self.encode(apply_template(self.chat_template, text))
 
 
-_ID_CONFIGS = ("generation_config.json", "config.json")  # transformers' generate takes generation_config's ids
-
-
 class PretrainedTokenizer(HFTokenizer):
-  """A Hugging Face checkpoint directory's tokenizer.json with the checkpoint's special ids: each of BOS / EOS /
-  PAD from generation_config.json, else config.json (`*_token_id`, an int or a list: every EOS id is kept in
-  `eos_ids`), else tokenizer_config.json's token strings, whose `eos_token` is also added to `eos_ids`. PAD falls
-  back to EOS; `eos_token` (data.eos_token) puts that token first. The Jinja chat template (`chat`) comes from
-  chat_template.jinja or tokenizer_config.json. The tokenizer must fit the embedding: `vocab_size`, else
-  config.json's vocab_size. Errors name the file."""
+  """A Hugging Face checkpoint directory's tokenizer.json with the checkpoint's special ids, read by the rule
+  load_pretrained reads them with (`model.hf.special_ids`): each of BOS / EOS / PAD from generation_config.json,
+  else config.json (`*_token_id`, an int or a list: every EOS id is kept in `eos_ids`), else tokenizer_config.json's
+  token strings, whose `eos_token` is also added to `eos_ids`. PAD falls back to EOS; `eos_token` (data.eos_token)
+  puts that token first. The Jinja chat template (`chat`) comes from chat_template.jinja or tokenizer_config.json.
+  The tokenizer must fit the embedding: `vocab_size`, else config.json's vocab_size. Errors name the file."""
 
   prompt_specials = True
 
   def __init__(self, directory: str | pathlib.Path, chat_template: str = "", *, eos_token: Optional[str] = None,
                vocab_size: Optional[int] = None):
-    from scalerl_jax.model.hf import _read_json  # the checkpoint loader's JSON reader: errors name the file
+    from scalerl_jax.model.hf import ID_CONFIGS, HFCheckpointError, _read_json, special_ids
 
     d = pathlib.Path(directory).expanduser()
     if not d.is_dir():
@@ -194,48 +191,25 @@ class PretrainedTokenizer(HFTokenizer):
       raise DataError(f"{tok_file}: not a JSON object")
     self.tokenizer_config = tok_cfg
     self.chat = load_chat_template(d, tok_cfg)
-    configs = [(d / n, _read_json(d / n)) for n in _ID_CONFIGS if (d / n).is_file()]
-    eos = self._config_ids(configs, "eos_token_id") + self._named_id(tok_cfg, "eos_token", tok_file)
+    try:
+      ids = special_ids(d, self._tok.token_to_id, vocab=(self.vocab_size, self.path))
+    except HFCheckpointError as e:  # a data.tokenizer problem: the same message, as the data error it is here
+      raise DataError(str(e)) from None
+    eos = ids.eos_ids
     if eos_token:
       eos = (self._special(eos_token, (), "EOS"),) + eos
     if not eos:
-      raise DataError(f"{d}: no EOS id: neither {' nor '.join(_ID_CONFIGS)} sets eos_token_id and "
+      raise DataError(f"{d}: no EOS id: neither {' nor '.join(ID_CONFIGS)} sets eos_token_id and "
                       f"{tok_file.name} names no eos_token; name the end-of-sequence token with data.eos_token=<token>")
     self.eos_ids = tuple(dict.fromkeys(eos))
     self.eos_id = self.eos_ids[0]
-    bos = self._config_ids(configs, "bos_token_id") or self._named_id(tok_cfg, "bos_token", tok_file)
-    pad = self._config_ids(configs, "pad_token_id") or self._named_id(tok_cfg, "pad_token", tok_file)
-    self.bos_id = bos[0] if bos else None
-    self.pad_id = pad[0] if pad else self.eos_id
-    model_cfg = next((c for f, c in configs if f.name == "config.json"), {})
+    self.bos_id = ids.bos_id
+    self.pad_id = self.eos_id if ids.pad_id is None else ids.pad_id
+    model_cfg = _read_json(d / "config.json") if (d / "config.json").is_file() else {}
     if vocab_size is None and isinstance(model_cfg.get("vocab_size"), int):
       check_vocab(self, model_cfg["vocab_size"], f"{d / 'config.json'} vocab_size")
     elif vocab_size is not None:
       check_vocab(self, vocab_size)
-
-  def _config_ids(self, configs, key: str) -> tuple[int, ...]:
-    from scalerl_jax.model.hf import _ids
-
-    for f, cfg in configs:
-      try:
-        ids = _ids(cfg.get(key))
-      except (TypeError, ValueError):
-        raise DataError(f"{f}: {key}={cfg.get(key)!r} is not an id or a list of ids") from None
-      bad = [i for i in ids if not 0 <= i < self.vocab_size]
-      if bad:
-        raise DataError(f"{f}: {key} {bad[0]} is not an id of {self.path} ({self.vocab_size} tokens)")
-      if ids:
-        return ids
-    return ()
-
-  def _named_id(self, tok_cfg: Mapping[str, Any], key: str, where: pathlib.Path) -> tuple[int, ...]:
-    name = token_text(tok_cfg.get(key))
-    if not name:
-      return ()
-    tid = self._tok.token_to_id(name)
-    if tid is None:
-      raise DataError(f"{where}: {key} {name!r} is not in the vocabulary of {self.path}")
-    return (tid,)
 
 
 def tokenizer_from_pretrained(directory: str | pathlib.Path, chat_template: str = "", *,
@@ -263,7 +237,8 @@ def is_checkpoint_dir(path: str | pathlib.Path) -> bool:
 
 def make_tokenizer(cfg, vocab_size: Optional[int] = None) -> CharTokenizer | HFTokenizer:
   """From a DataConfig: `data.tokenizer` = "char", a path to tokenizer.json (or a folder holding only it), or a
-  Hugging Face checkpoint directory (tokenizer_from_pretrained); `data.eos_token` (empty: the usual names, or the
+  Hugging Face checkpoint directory (tokenizer_from_pretrained; a checkpoint directory's tokenizer.json is read as
+  the directory, with its chat template and special ids); `data.eos_token` (empty: the usual names, or the
   checkpoint's ids) names the end-of-sequence token. `vocab_size` (model.vocab_size) is checked against the
   tokenizer's size with an error naming its file."""
   if cfg.tokenizer == "char":
@@ -271,9 +246,11 @@ def make_tokenizer(cfg, vocab_size: Optional[int] = None) -> CharTokenizer | HFT
       raise DataError(f"data.eos_token={cfg.eos_token!r} needs data.tokenizer set to a tokenizer.json: the built-in "
                       f"character vocabulary's EOS is {EOS_CHAR!r}")
     return CharTokenizer(cfg.chat_template)
-  if is_checkpoint_dir(cfg.tokenizer):
-    return PretrainedTokenizer(cfg.tokenizer, cfg.chat_template, eos_token=cfg.eos_token or None,
-                               vocab_size=vocab_size)
+  path = pathlib.Path(cfg.tokenizer).expanduser()
+  if path.name == "tokenizer.json" and path.is_file() and is_checkpoint_dir(path.parent):
+    path = path.parent  # a checkpoint's tokenizer.json: read as its directory (chat template, special ids)
+  if is_checkpoint_dir(path):
+    return PretrainedTokenizer(path, cfg.chat_template, eos_token=cfg.eos_token or None, vocab_size=vocab_size)
   tok = HFTokenizer(cfg.tokenizer, cfg.chat_template, eos_token=cfg.eos_token or None)
   if vocab_size is not None:
     check_vocab(tok, vocab_size)

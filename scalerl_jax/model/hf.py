@@ -42,7 +42,7 @@ import json
 import math
 import os
 import pathlib
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +50,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from safetensors import safe_open
 
-from scalerl_jax.config import ModelConfig
+from scalerl_jax.config import ConfigError, ModelConfig
 from scalerl_jax.errors import UserError
 from scalerl_jax.mesh import TRAIN_RULES, logical_to_sharding
 from scalerl_jax.model.policy import Params, Policy, make_policy
@@ -58,6 +58,7 @@ from scalerl_jax.model.policy import Params, Policy, make_policy
 FAMILIES = ("llama", "qwen2", "qwen3")  # dense
 MOE_FAMILIES = ("qwen3_moe", "mixtral")  # model.family=moe
 _NP_DTYPES = {"float32": np.float32, "bfloat16": jnp.bfloat16}
+_FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")  # safetensors' names of the weight dtypes we read (cast to dtype=)
 
 
 class HFCheckpointError(UserError, ValueError):
@@ -71,6 +72,18 @@ def _read_json(path: pathlib.Path) -> dict:
     return json.loads(path.read_text())
   except (OSError, ValueError) as e:
     raise HFCheckpointError(f"{path}: not readable JSON: {e}") from None
+
+
+def pretrained_dir(path: str | os.PathLike, key: str = "model.pretrained") -> pathlib.Path:
+  """`path` (the value of config key `key`) as a checkpoint directory; a missing path or a file is a ConfigError
+  naming the key (not the JSON error of reading a binary file as config.json)."""
+  p = pathlib.Path(path).expanduser()
+  expected = "a Hugging Face checkpoint directory (config.json + model.safetensors or its sharded index) is expected"
+  if not p.exists():
+    raise ConfigError(f"{key}: {path}: no such directory; {expected} (set {key}=PATH/TO/CHECKPOINT)")
+  if not p.is_dir():
+    raise ConfigError(f"{key}: {path} is a file, not a checkpoint directory; {expected}")
+  return p
 
 
 def _rope(hf: dict, where: str) -> dict:
@@ -362,7 +375,8 @@ def _block_reader(sources, spec: _Map, dtype):
 @dataclasses.dataclass
 class Pretrained:
   """A loaded checkpoint: `policy` (the rollout engine's and train step's `Policy`), `params` (placed in the
-  requested shardings), `cfg`, special ids from config.json, and `logits(token_ids)`. Unpacks as (policy, params)."""
+  requested shardings), `cfg`, the checkpoint's special ids (`special_ids`: the ones its tokenizer reads), and
+  `logits(token_ids)`. Unpacks as (policy, params)."""
   policy: Policy
   params: Params
   cfg: ModelConfig
@@ -386,13 +400,91 @@ def _ids(v) -> tuple[int, ...]:
   return () if v is None else tuple(int(x) for x in (v if isinstance(v, (list, tuple)) else [v]))
 
 
+ID_CONFIGS = ("generation_config.json", "config.json")  # transformers' generate takes generation_config's ids
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+  """A checkpoint's special ids: `bos_id` (None: no BOS, as in Qwen), `eos_ids` (every id that ends a sequence,
+  () when none is named), `pad_id` (None when unnamed)."""
+  bos_id: Optional[int]
+  eos_ids: tuple[int, ...]
+  pad_id: Optional[int]
+
+
+def special_ids(directory: str | os.PathLike, token_id: Optional[Callable[[str], Optional[int]]] = None, *,
+                vocab: Optional[tuple[int, str]] = None) -> SpecialIds:
+  """The one rule for a checkpoint's BOS / EOS / PAD ids, shared by its tokenizer (data/tokenizer.py) and
+  load_pretrained, so the trainer and the loaded model stop on the same ids: each `*_token_id` (an int or a list)
+  from generation_config.json, else config.json (the order of transformers' generate: Qwen's config.json names one
+  EOS id, its generation_config.json two), else tokenizer_config.json's token name (`bos_token`, ...) looked up
+  with `token_id`; tokenizer_config.json's `eos_token` is added to the EOS ids as well. `vocab` = (size, what):
+  every config id must lie below size. HFCheckpointError names the file and key."""
+  d = pathlib.Path(directory)
+  configs = [(d / n, _read_json(d / n)) for n in ID_CONFIGS if (d / n).is_file()]
+  tok_file = d / "tokenizer_config.json"
+  tok_cfg = _read_json(tok_file) if tok_file.is_file() else {}
+  for f, cfg in configs + [(tok_file, tok_cfg)]:
+    if not isinstance(cfg, dict):
+      raise HFCheckpointError(f"{f}: not a JSON object")
+
+  def from_configs(key: str) -> tuple[int, ...]:
+    for f, cfg in configs:
+      try:
+        ids = _ids(cfg.get(key))
+      except (TypeError, ValueError):
+        raise HFCheckpointError(f"{f}: {key}={cfg.get(key)!r} is not an id or a list of ids") from None
+      bad = [i for i in ids if vocab is not None and not 0 <= i < vocab[0]]
+      if bad:
+        raise HFCheckpointError(f"{f}: {key} {bad[0]} is not an id of {vocab[1]} ({vocab[0]} tokens)")
+      if ids:
+        return ids
+    return ()
+
+  def named(key: str) -> tuple[int, ...]:
+    name = tok_cfg.get(key)
+    name = name.get("content") if isinstance(name, dict) else name  # a string or an AddedToken dict
+    if not isinstance(name, str) or not name or token_id is None:
+      return ()
+    tid = token_id(name)
+    if tid is None:
+      raise HFCheckpointError(f"{tok_file}: {key} {name!r} is not in the vocabulary of {d / 'tokenizer.json'}")
+    return (tid,)
+
+  bos = from_configs("bos_token_id") or named("bos_token")
+  pad = from_configs("pad_token_id") or named("pad_token")
+  eos = tuple(dict.fromkeys(from_configs("eos_token_id") + named("eos_token")))
+  return SpecialIds(bos[0] if bos else None, eos, pad[0] if pad else None)
+
+
+def _token_lookup(d: pathlib.Path) -> Callable[[str], Optional[int]]:
+  """token -> id in the checkpoint's tokenizer.json (read on the first call; None without one)."""
+  cache: list = []
+
+  def lookup(token: str) -> Optional[int]:
+    f = d / "tokenizer.json"
+    if not cache:
+      if not f.is_file():
+        return None
+      from tokenizers import Tokenizer  # imported here: only a named special token needs it
+      try:
+        cache.append(Tokenizer.from_file(str(f)))
+      except Exception as exc:  # tokenizers raises a bare Exception for bad JSON, unknown models, bad encodings
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise HFCheckpointError(f"{f}: not a readable tokenizer.json ({reason})") from None
+    return cache[0].token_to_id(token)
+
+  return lookup
+
+
 def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", mesh: Optional[Mesh] = None,
                     rules: Mapping[str, Any] = TRAIN_RULES, max_seq_len: Optional[int] = None) -> Pretrained:
   """Read a Hugging Face checkpoint directory (config.json + model.safetensors or a sharded index) into our policy.
 
   With `mesh`, each param is placed in the sharding `rules` give its logical axes, every device's block read from
   disk on its own (`jax.make_array_from_callback`); without, on the default device. Weights are cast to `dtype`
-  (float32 or bfloat16) whatever their dtype on disk. `max_seq_len` defaults to max_position_embeddings."""
+  (float32 or bfloat16) whatever their float dtype on disk (an integer tensor is refused). `max_seq_len` defaults to
+  max_position_embeddings."""
   d = pathlib.Path(path)
   if not d.is_dir():
     raise HFCheckpointError(f"{d}: no such checkpoint directory")
@@ -442,6 +534,10 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", mesh: Op
         if got != spec.stored_shape:
           raise HFCheckpointError(f"{f}: tensor {name!r} has shape {list(got)}, config.json implies "
                                   f"{list(spec.stored_shape)}")
+        stored = handles[f].get_slice(name).get_dtype()
+        if stored not in _FLOAT_DTYPES:  # an integer (quantized?) tensor would be cast to float silently
+          raise HFCheckpointError(f"{f}: tensor {name!r} is stored as {stored}, not a floating-point weight "
+                                  f"({', '.join(_FLOAT_DTYPES)}); quantized checkpoints are not supported")
         sources.append((handles[f], f, name))
       specs.append((spec, sources))
     out = [jax.make_array_from_callback(shape.shape, sharding, _block_reader(sources, spec, _NP_DTYPES[dtype]))
@@ -450,10 +546,5 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", mesh: Op
     for h in handles.values():
       h.__exit__(None, None, None)
   params = jax.tree.unflatten(jax.tree.structure(policy.param_shapes), out)
-  gen = d / "generation_config.json"
-  gen_cfg = _read_json(gen) if gen.is_file() else {}
-  pick = lambda k: hf.get(k) if hf.get(k) is not None else gen_cfg.get(k)
-  bos = _ids(pick("bos_token_id"))
-  pad = _ids(pick("pad_token_id"))
-  return Pretrained(policy, params, cfg, d, bos[0] if bos else None, _ids(pick("eos_token_id")),
-                    pad[0] if pad else None)
+  ids = special_ids(d, _token_lookup(d), vocab=(cfg.vocab_size, f"the embedding ({d / 'config.json'} vocab_size)"))
+  return Pretrained(policy, params, cfg, d, ids.bos_id, ids.eos_ids, ids.pad_id)

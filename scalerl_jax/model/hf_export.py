@@ -84,6 +84,26 @@ def check_family(cfg: ModelConfig, family: str) -> None:
                           + (f" (this model exports as {fits[0]})" if fits else " (no family we export fits)"))
 
 
+def check_out_dir(out: str | os.PathLike, protected: dict[str, Any], key: str = "out_dir") -> None:
+  """HFExportError naming `key` and the path when `out` is, or holds, one of `protected` ({what: path or None}):
+  an export there would overwrite it (the source checkpoint's fp32 weights with bf16 ones, silently)."""
+  o = pathlib.Path(out).expanduser().resolve()
+  for what, path in protected.items():
+    if path is None:
+      continue
+    p = pathlib.Path(path).expanduser().resolve()
+    if o == p or o in p.parents:
+      raise HFExportError(f"{key} {out} {'is' if o == p else 'holds'} {what} {path}: an export there would "
+                          "overwrite it; write to another directory")
+
+
+def _file_mode() -> int:
+  """The mode a new file gets here (0o666 less the umask): safetensors writes its files 0600."""
+  umask = os.umask(0)
+  os.umask(umask)
+  return 0o666 & ~umask
+
+
 def hf_config(cfg: ModelConfig, family: str, *, dtype: str = "float32",
               source: Optional[dict] = None) -> dict[str, Any]:
   """The config.json dict for `cfg` as `family` (transformers 5 spelling). `source`: the config.json of the
@@ -156,7 +176,7 @@ def export_pretrained(params: Any, model_cfg: ModelConfig, out_dir: str | os.Pat
   `family`: llama, qwen2, qwen3, qwen3_moe or mixtral (default: source_dir's model_type). `dtype`: the weights'
   dtype on disk. `source_dir`: the checkpoint the params were imported from; its tokenizer files are copied.
   Weights go into model.safetensors, or model-0000i-of-0000N.safetensors + model.safetensors.index.json past
-  `max_shard_bytes`.
+  `max_shard_bytes`, every file with the mode the umask gives. `out_dir` may not be (or hold) `source_dir`.
   Each tensor is gathered to host numpy on its own; process 0 writes. Returns `out_dir`."""
   dtype = export_dtype(dtype)
   out = pathlib.Path(out_dir)
@@ -165,6 +185,7 @@ def export_pretrained(params: Any, model_cfg: ModelConfig, out_dir: str | os.Pat
     src = pathlib.Path(source_dir)
     if not src.is_dir():
       raise HFExportError(f"{src}: no such source checkpoint directory")
+    check_out_dir(out, {"the source checkpoint": src})
     source = _read_json(src / "config.json")
     _check_source(model_cfg, source, src / "config.json")
   if family is None:
@@ -212,6 +233,7 @@ def export_pretrained(params: Any, model_cfg: ModelConfig, out_dir: str | os.Pat
         total += tensors[name].nbytes
     if writer:
       save_file(tensors, str(out / fname), metadata={"format": "pt"})
+      os.chmod(out / fname, _file_mode())  # as readable as config.json and the tokenizer files
   if not writer:
     return out
   if n > 1:

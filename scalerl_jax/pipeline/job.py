@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 
 from scalerl_jax import distributed, faults, rl, types
-from scalerl_jax.config import ConfigError, RunConfig, to_yaml, validate, validate_with_tokenizer
+from scalerl_jax.config import ConfigError, RunConfig, absolute_paths, to_yaml, validate, validate_with_tokenizer
 from scalerl_jax.errors import UserError
 from scalerl_jax.data.npr import NPRState
 from scalerl_jax.data.prompt_stream import PromptsExhausted, encode_records, make_prompt_stream
@@ -67,10 +67,11 @@ from scalerl_jax.train.warmstart import warm_start
 class RLJob:
 
   def __init__(self, cfg: RunConfig, progress: Optional[bool] = None):
+    cfg = absolute_paths(cfg)  # config.yaml and the checkpoints' fingerprints name the files from any directory
     if cfg.model.pretrained:  # the architecture is the checkpoint's: read it from its config.json
-      from scalerl_jax.model.hf import hf_model_config
+      from scalerl_jax.model.hf import hf_model_config, pretrained_dir
       m = cfg.model
-      arch = hf_model_config(m.pretrained, dtype=m.dtype, max_seq_len=m.max_seq_len)
+      arch = hf_model_config(pretrained_dir(m.pretrained), dtype=m.dtype, max_seq_len=m.max_seq_len)
       cfg = validate(dataclasses.replace(cfg, model=dataclasses.replace(
           arch, pretrained=m.pretrained, fp32_lm_head=m.fp32_lm_head)))
     self.cfg, d, r = cfg, cfg.data, cfg.rollout

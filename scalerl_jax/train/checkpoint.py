@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from scalerl_jax.config import RunConfig
+from scalerl_jax.config import PATH_KEYS, RunConfig
 from scalerl_jax.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -122,6 +122,8 @@ def fingerprint_changes(saved: dict, cfg: RunConfig) -> list[str]:
   for key, value in now.items():
     # a key the checkpoint does not know was added to the config later: it had its default value then
     old = saved.get(key, defaults.get(key))
+    if key in PATH_KEYS and isinstance(old, str) and old and os.path.abspath(os.path.expanduser(old)) == value:
+      continue  # a relative path, as checkpoints stored them before RLJob made them absolute
     if old != value:
       changes.append(f"{key}: {_text(old) if key in saved else f'(default) {_text(old)}'} -> {_text(value)}")
   return changes
