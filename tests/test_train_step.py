@@ -115,3 +115,16 @@ def test_shared_prompt_rl_step_equals_full_rows_sharded_and_micro_batched():
   assert ref_losses[0] != 0 and ref_losses[2] != ref_losses[0]  # a real loss that moves (step 0 has lr 0)
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-4, atol=1e-7)
   _assert_same_params(state, ref_state, 5e-5)
+
+
+def test_warmup_moves_the_params_from_the_first_update():
+  """lr ramps lr/W, 2lr/W, ..., lr: the first update is not a no-op (a ramp from 0 made step 1 change nothing)."""
+  import optax
+  from scalerl_jax.train.state import warmup_schedule
+  sched = warmup_schedule(1e-3, 4)
+  assert [float(sched(n)) for n in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+  opt = make_optimizer(OptimizerConfig(lr=1e-3, warmup_steps=10, weight_decay=0.0))
+  params = {"w": jnp.ones((3,))}
+  updates, _ = opt.update({"w": jnp.array([1.0, -2.0, 0.5])}, opt.init(params), params)
+  # Adam's first step is -lr_0 * sign(g) (eps 1e-15): lr_0 = 1e-3 / 10
+  np.testing.assert_allclose(np.asarray(optax.global_norm(updates)), 1e-4 * np.sqrt(3), rtol=1e-5)

@@ -27,19 +27,22 @@ class TrainState:
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-  """AdamW with linear warmup then a constant rate, after global-norm clipping (0 = no clipping).
+  """AdamW with linear warmup (`warmup_schedule`) then a constant rate, after global-norm clipping (0 = no clipping).
 
   The paper's 8B recipe: lr 5e-7 constant after 100 warmup steps, eps 1e-15 (avoids the epsilon underflow that
   otherwise acts as implicit gradient clipping), weight decay 0.01.
   """
-  if cfg.warmup_steps > 0:
-    schedule = optax.join_schedules(
-        [optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps), optax.constant_schedule(cfg.lr)],
-        [cfg.warmup_steps])
-  else:
-    schedule = optax.constant_schedule(cfg.lr)
+  schedule = warmup_schedule(cfg.lr, cfg.warmup_steps)
   adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
   return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw) if cfg.grad_clip > 0 else adamw
+
+
+def warmup_schedule(lr: float, warmup_steps: int) -> optax.Schedule:
+  """lr * (n + 1) / warmup_steps at update n (0-based) for the first warmup_steps updates, then lr: the first
+  update already moves the params (a ramp from 0 made it a no-op, update norm 0)."""
+  if warmup_steps <= 0:
+    return optax.constant_schedule(lr)
+  return lambda n: lr * jnp.minimum((n + 1) / warmup_steps, 1.0)
 
 
 def state_shardings(policy: Policy, optimizer: optax.GradientTransformation, layout: Layout) -> TrainState:
