@@ -154,6 +154,16 @@ def test_a_pair_is_resolved_only_when_its_ceilings_are_identified_or_apart():
   assert study.resolved({"recipes": ["a", "c"], "p_A1_greater": 1.0}, rows) == "no (a ceiling not identified)"
 
 
+def test_the_pair_threshold_resolves_both_sides_alike():
+  rows = [{"recipe": r, "ceiling_identified": True, "A": {"lo": lo, "hi": hi}} for r, lo, hi in (("a", 0.8, 0.9),
+                                                                                                  ("d", 0.6, 0.7))]
+  for prob in (0.9, 0.1, 0.95, 0.05):  # P(A_1 > A_2) >= 0.9 and <= 0.1 both resolve
+    assert study.resolved({"recipes": ["a", "d"], "p_A1_greater": prob}, rows) == "yes", prob
+  for prob in (0.89, 0.11):
+    assert study.resolved({"recipes": ["a", "d"], "p_A1_greater": prob}, rows) == "no", prob
+  assert study.resolved({"recipes": ["a", "d"], "p_A1_greater": 0.3}, rows, p_min=0.7) == "yes"
+
+
 def _crossing(p1: SigmoidParams, p2: SigmoidParams, c_lo: float) -> float:
   """The true curves' first crossing above c_lo (the report's range starts at the smallest fitted compute)."""
   grid = np.geomspace(c_lo, 1e4, 200_000)
