@@ -242,12 +242,9 @@ def fixed_a_comparison(fits: Sequence[RecipeFit], a: Optional[float] = None) -> 
     a = float(np.mean([np.median(f.post.param("A")) for f in fits]))
   out = {"A_common": a, "B": {}, "C_mid": {}}
   for f in fits:
-    c = np.concatenate([p.compute for p in f.points])
+    c = np.concatenate([p.compute for p in f.points])  # every seed's points, equal computes too (curve_fit.x=steps)
     r = np.concatenate([p.reward for p in f.points])
-    order = np.argsort(c, kind="stable")
-    c, r = c[order], r[order]
-    keep = np.concatenate([[True], np.diff(c) > 0])  # equal computes of two seeds: keep the first
-    lsq = fit_fixed_a(c[keep], r[keep], float(np.mean(f.r0)), a)
+    lsq = fit_fixed_a(c, r, float(np.mean(f.r0)), a)
     out["B"][f.name], out["C_mid"][f.name] = float(lsq.params.B), float(lsq.params.C_mid)
   return out
 
