@@ -72,7 +72,7 @@ class ScoredGroup:
   prompt: Prompt
   samples: tuple[Sample, ...]
   rewards: np.ndarray  # float32[G] on the configured reward scale
-  success: np.ndarray  # bool[G] reward above the middle of the scale (rewards.is_success)
+  success: np.ndarray  # bool[G] solved the item, as its verifier says (RewardBatch.success: not a partial score)
   reward_failures: int = 0  # reward calls that raised or timed out (scored with the failure reward)
 
   @property

@@ -16,8 +16,10 @@ from scalerl_jax.data.sources import DataError
 from scalerl_jax.data.tasks import CodeTask, MixedTask, code_reward, make_task
 from scalerl_jax.data.tokenizer import CharTokenizer
 from scalerl_jax.pipeline.held_out import per_task_metrics
-from scalerl_jax.pipeline.step_metrics import task_metrics
+from scalerl_jax.pipeline.step_metrics import merge_counters, task_metrics
+from scalerl_jax.rewards import RewardRunner, TaskRewards
 from scalerl_jax.scaling import synthetic
+from tests import test_rewards_faulty as faulty
 
 
 def mixed_cfg(*overrides):
@@ -119,6 +121,25 @@ def test_per_task_train_and_eval_metrics():
   assert got["eval/code/pass_rate"] == 0.25 and got["eval/code/per_prompt_correct"] == [1, 0]
   assert got["eval/math/n_correct"] == 2 and got["eval/code/n_total"] == 4 and got["eval/code/greedy_pass_at_1"] == 0.5
   assert per_task_metrics(["", ""], correct[:2], correct[:2, :1]) == {}
+
+
+def test_per_task_failure_rates_of_two_processes_are_recomputed_from_their_counts():
+  """Each process scores its shard of a mixed run with its own TaskRewards; the run logs one record: counts summed,
+  every rate (the run's and each task's) recomputed from the sums, never added."""
+  def process(math_texts, code_texts):
+    rewards = TaskRewards({task: RewardRunner(faulty.raises_on_boom, isolation="inline") for task in ("math", "code")})
+    rewards.runners["math"].score(math_texts, ["a"] * len(math_texts))
+    rewards.runners["code"].score(code_texts, ["a"] * len(code_texts))
+    return rewards.metrics()
+
+  one = process(["boom"] + ["a"] * 9, ["a"] * 4)  # math 1 of 10 failed, code 0 of 4
+  two = process(["boom"] + ["a"] * 9, ["boom"] * 3 + ["a"] * 3)  # math 1 of 10, code 3 of 6
+  assert one["reward/math/failure_rate"] == two["reward/math/failure_rate"] == 0.1
+  merged = merge_counters([one, two])
+  assert merged["reward/math/calls"] == 20 and merged["reward/code/calls"] == 10 and merged["reward/calls"] == 30
+  assert merged["reward/math/failure_rate"] == pytest.approx(0.1)
+  assert merged["reward/code/failure_rate"] == pytest.approx(0.3)
+  assert merged["reward/failure_rate"] == pytest.approx(5 / 30)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from scalerl_jax.pipeline.job import RLJob
 from scalerl_jax.rollout.driver import RolloutDriver
 from scalerl_jax.rollout.engine import Engine
 from scalerl_jax.rollout.sampling import SamplingParams
-from scalerl_jax.train.rl_loss import make_rl_loss, router_metrics
+from scalerl_jax.train.rl_loss import PromptLayout, make_rl_loss, router_metrics
 from scalerl_jax.train.state import init_train_state, make_optimizer, state_shardings
 from scalerl_jax.train.step import make_train_step
 from tests.model_helpers import full_and_cached
@@ -219,6 +219,50 @@ def test_router_losses_join_the_loss_with_their_coefficients():
   total, _ = on(params, batch)
   np.testing.assert_allclose(total - base, 0.5 * m["moe_aux_sum"] + 0.25 * m["moe_z_sum"], rtol=1e-5)
   assert float(m["moe_aux_sum"]) > 0.5 and float(m["moe_z_sum"]) > 0
+
+
+
+def test_shared_prompt_layout_gives_the_full_row_router_losses_and_metrics():
+  """The router counts each row's prompt and sampled completion tokens in both layouts. Row 0's completion starts
+  inside the prompt width, so the prompt pass (run on each group's first row) sees its first completion tokens:
+  they must count once, in the completion pass, as in the full rows."""
+  policy = make_policy(CFG)
+  params = policy.init(0)
+  G, W, N = 2, 6, 5
+  T = W + N
+  prompt_len_P, done_B = np.array([3, 6, 4, 5]), np.array([5, 2, 4, 5, 1, 3, 5, 4])
+  B = G * len(prompt_len_P)
+  rng = np.random.default_rng(7)
+  tokens = rng.integers(0, CFG.vocab_size, (B, T)).astype(np.int32)
+  prompt_len_B = np.repeat(prompt_len_P, G).astype(np.int32)
+  mask = np.zeros((B, T), np.float32)
+  for b in range(B):  # rows of a group share the prompt; each row's completion has its own length
+    tokens[b, :prompt_len_B[b]] = tokens[b - b % G, :prompt_len_B[b]]
+    mask[b, prompt_len_B[b]:prompt_len_B[b] + done_B[b]] = 1
+  routes = rng.integers(0, CFG.num_experts, (B, T, len(CFG.moe_layers), CFG.experts_per_token)).astype(np.int16)
+  for b in range(B):  # the generator records one prompt's experts for every row of its group
+    routes[b, :prompt_len_B[b]] = routes[b - b % G, :prompt_len_B[b]]
+  batch = jax.tree.map(jnp.asarray, types.TrainBatch(
+      tokens=tokens, loss_mask=mask, gen_logprobs=np.full((B, T), -3.0, np.float32),
+      advantages=rng.normal(size=B).astype(np.float32), token_weights=mask / mask.sum(),
+      sample_weights=np.full(B, 1.0 / B, np.float32), prompt_lengths=prompt_len_B, routes=routes))
+  layout = PromptLayout(G, W, N)
+  assert prompt_len_B[0] < W and mask[0, prompt_len_B[0]:W].sum() == 3  # row 0's completion inside the prompt width
+  assert layout.trained_tokens(B) < B * T  # the two sides run the model on different token sets
+  cfg = dataclasses.replace(LossConfig(), router_aux_coef=0.5, router_z_coef=0.25)
+  full_loss, full = make_rl_loss(policy, cfg, 1.0, replay=True)(params, batch)  # replay: loads are recorded counts
+  shared_loss, shared = make_rl_loss(policy, cfg, 1.0, layout, replay=True)(params, batch)
+  tokens_counted = float(G * prompt_len_P.sum() + done_B.sum())  # every row's prompt and completion, once each
+  assert float(full["moe_compared"]) == tokens_counted * len(CFG.moe_layers)
+  for key in ("moe_compared", "moe_mismatched", "moe_load_XE"):
+    np.testing.assert_array_equal(np.asarray(shared[key]), np.asarray(full[key]), err_msg=key)
+  for key in ("moe_aux_sum", "moe_z_sum"):
+    np.testing.assert_allclose(float(shared[key]), float(full[key]), rtol=1e-5, err_msg=key)
+  np.testing.assert_allclose(float(shared_loss), float(full_loss), rtol=1e-5)
+  want, got = router_metrics(full), router_metrics(shared)
+  assert want.keys() == got.keys()
+  for key in want:
+    np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
 
 
 # ---- routing replay ---------------------------------------------------------------------------------------

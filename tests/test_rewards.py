@@ -3,6 +3,8 @@ equivalence. The faulty reward functions live in tests/test_rewards_faulty.py (i
 
 No test depends on speed: a 'hang' sleeps 60 s against a 2 s timeout, and normal calls take microseconds."""
 
+import ast
+import json
 import logging
 import os
 import pathlib
@@ -14,10 +16,12 @@ import time
 import numpy as np
 import pytest
 
+from scalerl_jax import types
 from scalerl_jax.config import ConfigError, DataConfig
+from scalerl_jax.config.schema import SandboxConfig
 from scalerl_jax.errors import UserError
-from scalerl_jax.rewards import (RewardError, RewardRunner, exact_match_reward, load_reward_fn, make_reward_runner,
-                                 math_verify_reward)
+from scalerl_jax.rewards import (RewardError, RewardRunner, RunResult, Scored, code, code_reward, exact_match_reward,
+                                 load_reward_fn, make_reward_runner, math_verify_reward, worker)
 from tests import test_rewards_faulty as faulty
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -193,6 +197,55 @@ def test_scales_and_empty_batch():
   assert rewards.shape == (0,) and rewards.dtype == np.float32 and failures == 0
   with pytest.raises(ValueError, match="01 or pm1"):
     RewardRunner(exact_match_reward, scale="pm2")
+
+
+class _LookupSandbox:
+  """Stands in for the sandbox in code_reward: the 'program' is a dict literal {stdin: stdout}, 'run' looks the
+  test's stdin up in it (nothing is executed), so partial credit is scored without bubblewrap."""
+
+  def __init__(self, partial_credit: bool):
+    self.cfg = SandboxConfig(partial_credit=partial_credit)
+
+  def run(self, source: str, stdin: str) -> RunResult:
+    return RunResult(ast.literal_eval(source).get(stdin, ""), "", 0, "ok", 0.0)
+
+
+def _groups(answer: str, completions: list[list[str]]):
+  """Rollout groups of one prompt each whose samples decode (by index) to `completions`."""
+  texts = [c for group in completions for c in group]
+  out, i = [], 0
+  for group in completions:
+    prompt = types.Prompt(f"p{i}", "p", answer, np.zeros(1, np.int32))
+    out.append(types.RolloutGroup(prompt, tuple(
+        types.Sample(prompt.prompt_id, prompt.tokens, np.array([j], np.int32), np.zeros(1, np.float32),
+                     np.zeros(1, np.int32), np.zeros(1, bool), False, False) for j in range(i, i + len(group)))))
+    i += len(group)
+  return out, lambda tokens: texts[int(tokens[0])]
+
+
+def test_success_is_the_verifiers_verdict_not_a_share_of_the_reward(monkeypatch):
+  """Pass rates, NPR and held-out evaluation read ScoredGroup.success: a program passing 2 of 3 tests scores 2/3
+  under partial credit and has not solved its item; a score-only verifier solves with the full score."""
+  answer = json.dumps({"stdio": [["1", "1"], ["2", "4"], ["3", "9"]]})
+  fenced = lambda table: f"```python\n{table!r}\n```"  # noqa: E731
+  two_of_three, all_three = fenced({"1": "1", "2": "4", "3": "0"}), fenced({"1": "1", "2": "4", "3": "9"})
+  groups, decode = _groups(answer, [[two_of_three] * 2, [two_of_three, all_three]])
+  for partial in (True, False):
+    monkeypatch.setattr(code, "_sandbox", _LookupSandbox(partial))
+    scored = RewardRunner(code_reward, isolation="inline").score_groups(groups, decode)
+    np.testing.assert_allclose(np.concatenate([g.rewards for g in scored]),
+                               [2 / 3, 2 / 3, 2 / 3, 1] if partial else [0, 0, 0, 1], rtol=1e-6)
+    assert [g.success.tolist() for g in scored] == [[False, False], [False, True]]
+    assert [g.pass_rate for g in scored] == [0.0, 0.5]  # NPR: the first prompt was solved by no sample
+  # a score-only verifier in the worker pool (the worker's check decides): the full score only, on either scale
+  groups, decode = _groups("abcd", [["abcx", "abcd", "abxx", "zzzz"]])
+  for scale in ("01", "pm1"):
+    with RewardRunner(faulty.prefix_share, timeout_s=30.0, workers=1, scale=scale) as runner:
+      (scored,) = runner.score_groups(groups, decode)
+    np.testing.assert_allclose(scored.rewards, [0.75, 1, 0.5, 0] if scale == "01" else [0.5, 1, 0, -1])
+    assert scored.success.tolist() == [False, True, False, False]
+  assert worker.check(Scored(1.0, "ok", success="yes"))[1] == ("returned a Scored whose success 'yes' is not a bool "
+                                                                "or None")
 
 
 @pytest.mark.parametrize("completion, answer, expected", [

@@ -67,3 +67,8 @@ def three_arguments(completion, answer, extra):
 def fraction(completion, answer):
   """A non-trivial float, to compare the pool's values with the inline path's bit for bit."""
   return (len(completion) * 7 % 11) / (len(answer) + 3)
+
+
+def prefix_share(completion, answer):
+  """Partial credit: the share of the answer's characters the completion matches in place (1 only when equal)."""
+  return sum(a == b for a, b in zip(completion, answer)) / len(answer)

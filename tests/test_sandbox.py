@@ -118,7 +118,9 @@ def test_partial_credit(box):
     # (in an assert test the harness has read stdin's only line, its token: the loop reads nothing)
     result = code_reward(fenced("import sys\nsq = lambda x: x * x\nfor line in sys.stdin: print(sq(int(line)))"),
                          tests)
-    assert result == 0.75 and result.cause == "wrong_answer"
+    assert result == 0.75 and result.cause == "wrong_answer" and result.success is False  # 3 of 4: not solved
+    solved = code_reward(fenced("sq = lambda x: x * x"), json.dumps({"asserts": ["assert sq(3) == 9"]}))
+    assert solved == 1.0 and solved.success is True
   finally:
     code._sandbox = None
   assert code_reward(fenced("sq = lambda x: x * x"), json.dumps({"asserts": ["assert sq(3) == 9",

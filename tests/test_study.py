@@ -12,6 +12,8 @@ import pytest
 
 from scalerl_jax.scaling import study
 from scalerl_jax.scaling.curves import SigmoidParams
+from scalerl_jax.scaling.fit import fit_fixed_a
+from scalerl_jax.scaling.points import CurvePoints
 from scalerl_jax.scaling.synthetic import synthetic_run, write_run_dir
 from tests.pipeline_helpers import TINY
 
@@ -152,6 +154,30 @@ def test_a_pair_is_resolved_only_when_its_ceilings_are_identified_or_apart():
   assert study.resolved({"recipes": ["d", "b"], "p_A1_greater": 0.0}, rows) == \
       "yes (the lower ceiling identified, intervals on A apart)"
   assert study.resolved({"recipes": ["a", "c"], "p_A1_greater": 1.0}, rows) == "no (a ceiling not identified)"
+
+
+def test_the_pair_threshold_resolves_both_sides_alike():
+  rows = [{"recipe": r, "ceiling_identified": True, "A": {"lo": lo, "hi": hi}} for r, lo, hi in (("a", 0.8, 0.9),
+                                                                                                  ("d", 0.6, 0.7))]
+  for prob in (0.9, 0.1, 0.95, 0.05):  # P(A_1 > A_2) >= 0.9 and <= 0.1 both resolve
+    assert study.resolved({"recipes": ["a", "d"], "p_A1_greater": prob}, rows) == "yes", prob
+  for prob in (0.89, 0.11):
+    assert study.resolved({"recipes": ["a", "d"], "p_A1_greater": prob}, rows) == "no", prob
+  assert study.resolved({"recipes": ["a", "d"], "p_A1_greater": 0.3}, rows, p_min=0.7) == "yes"
+
+
+def test_the_fixed_a_comparison_fits_every_seeds_points_on_equal_computes():
+  """With curve_fit.x=steps every seed evaluates at the same computes: the least squares at the common A pools all
+  of them, not the first seed's alone."""
+  steps = np.arange(10.0, 130.0, 10.0)
+  seeds = [SigmoidParams(A=0.8, B=b, C_mid=40.0, R0=0.2)(steps) for b in (1.0, 2.0)]
+  points = [CurvePoints(steps, r, name=f"r/seed{k}") for k, r in enumerate(seeds)]
+  fit = study.RecipeFit("r", points, [0.2, 0.2], post=None)
+  got = study.fixed_a_comparison([fit], a=0.8)["B"]["r"]
+  pooled = fit_fixed_a(np.concatenate([steps, steps]), np.concatenate(seeds), 0.2, 0.8).params.B
+  first = fit_fixed_a(steps, seeds[0], 0.2, 0.8).params.B
+  assert first == pytest.approx(1.0, rel=1e-3) and 1.1 < pooled < 1.9  # the two fits differ
+  assert got == pytest.approx(pooled, rel=1e-6)
 
 
 def _crossing(p1: SigmoidParams, p2: SigmoidParams, c_lo: float) -> float:

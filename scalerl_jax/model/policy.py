@@ -142,7 +142,9 @@ def completion_logprobs(policy: Policy, params: Params, tokens_BT, prompt_len_B,
   themselves. For RL groups (8-16 samples of one prompt) this removes the prompt's share of the trainer's work.
 
   `routing` (MoE), aligned with `tokens_BT`: the prompt pass reads each group's first row, the completion pass
-  the completion columns (mask off past the row's end).
+  the completion columns (mask off past the row's end). The router statistics count what full rows count: the
+  prompt pass weighs each prompt token by the group's rows that count it, and never counts the first row's
+  completion tokens that fall inside `prompt_width` (the completion pass counts those).
 
   Returns (logp_BN, cols_BN, router): `logp_BN[b, t] == token_logprobs(policy, params, tokens_BT)[b, cols_BN[b, t]]`
   with `cols_BN[b, t] = prompt_len_B[b] + t` for t < `completion_width`; columns at or past the row's end
@@ -159,8 +161,10 @@ def completion_logprobs(policy: Policy, params: Params, tokens_BT, prompt_len_B,
   prompt_routing = comp_routing = None
   if routing is not None:
     ids, mask = routing.expert_ids_BTXk, routing.mask_BT
-    prompt_routing = Routing(None if ids is None else ids[::G, :prompt_width],
-                             None if mask is None else mask[::G, :prompt_width], routing.replay)
+    in_prompt_BL = jnp.arange(prompt_width)[None, :] < prompt_len_B[:, None]
+    rows_BL = in_prompt_BL if mask is None else in_prompt_BL * mask[:, :prompt_width]
+    prompt_mask_PL = jnp.sum(rows_BL.astype(jnp.float32).reshape(B // G, G, prompt_width), axis=1)
+    prompt_routing = Routing(None if ids is None else ids[::G, :prompt_width], prompt_mask_PL, routing.replay)
     comp_mask = cols_BN < T if mask is None else (cols_BN < T) & take(mask).astype(bool)
     comp_routing = Routing(None if ids is None else take(ids), comp_mask, routing.replay)
   h_PLD, kv, router_prompt = policy.forward_routed(params, tokens_BT[::G, :prompt_width], routing=prompt_routing)

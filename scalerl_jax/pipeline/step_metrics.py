@@ -44,8 +44,9 @@ def host_metrics(batch: types.ScoredBatch, packed: types.PackedRows, prepare_met
 
 def merge_counters(records: list[dict]) -> dict:
   """Several processes' reward and data counters (`RewardRunner.metrics`, the prompt stream's) as one run's:
-  reward counts and times and each shard's epoch size summed, epochs the lowest, the failure rate recomputed from
-  the summed counts; the other data/* counts describe the whole dataset, which every process reads: process 0's."""
+  reward counts and times and each shard's epoch size summed, epochs the lowest, every failure rate (the run's and
+  each task's, reward/<task>/failure_rate) recomputed from its summed counts; the other data/* counts describe the
+  whole dataset, which every process reads: process 0's."""
   out: dict = {}
   for i, record in enumerate(records):
     for k, v in record.items():
@@ -55,9 +56,10 @@ def merge_counters(records: list[dict]) -> dict:
         out[k] = min(out.get(k, v), v)
       elif i == 0:
         out[k] = v
-  if "reward/calls" in out:
-    out["reward/failure_rate"] = ((out.get("reward/errors", 0) + out.get("reward/timeouts", 0)) / out["reward/calls"]
-                                  if out["reward/calls"] else 0.0)
+  for k in [k for k in out if k.startswith("reward/") and k.endswith("/failure_rate")]:
+    prefix = k[:-len("failure_rate")]  # "reward/" or "reward/<task>/"
+    calls = out.get(prefix + "calls", 0)
+    out[k] = (out.get(prefix + "errors", 0) + out.get(prefix + "timeouts", 0)) / calls if calls else 0.0
   return out
 
 

@@ -9,14 +9,14 @@
   routing.py     TaskRewards: one runner per task in a mixed run, each group scored by its task's
   pool.py        VerifierPool: the reward function in pebble worker processes, a hung call killed with its worker
   worker.py      what runs inside a worker (light imports), the call-and-check the inline path shares, Scored
-  pass_rates.py  success of a reward on its scale, mean@n, unbiased pass@k
+  pass_rates.py  mean@n, unbiased pass@k of a success matrix (success: the verifier's verdict, runner.py)
 
 The runner's names are imported lazily (PEP 562), so a worker process that imports `scalerl_jax.rewards.worker`
 does not pull in jax through runner.py -> types.py.
 """
 
 from scalerl_jax.rewards.code import code_reward
-from scalerl_jax.rewards.pass_rates import eval_metrics, is_success, mean_at_n, pass_at_k
+from scalerl_jax.rewards.pass_rates import eval_metrics, mean_at_n, pass_at_k
 from scalerl_jax.rewards.sandbox import RunResult, Sandbox, SandboxUnavailable
 from scalerl_jax.rewards.verifiers import exact_match_reward, final_answer, math_verify_reward
 from scalerl_jax.rewards.worker import Scored
@@ -25,7 +25,7 @@ _RUNNER_NAMES = ("RewardBatch", "RewardError", "RewardFn", "RewardRunner", "Task
                  "lowest_reward", "make_reward_runner")
 
 __all__ = ["RewardBatch", "RewardError", "RewardFn", "RewardRunner", "RunResult", "Sandbox", "SandboxUnavailable",
-           "Scored", "TaskRewards", "code_reward", "eval_metrics", "exact_match_reward", "final_answer", "is_success",
+           "Scored", "TaskRewards", "code_reward", "eval_metrics", "exact_match_reward", "final_answer",
            "load_reward_fn", "lowest_reward", "make_reward_runner", "mean_at_n", "math_verify_reward", "pass_at_k"]
 
 

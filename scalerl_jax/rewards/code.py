@@ -29,10 +29,12 @@ with the per-test limits of the `sandbox` config group:
     digs the token out of the harness's frame, or returns an object whose __eq__ is always true, is not stopped;
     stdio tests have neither weakness.
 Reward: 1.0 when every test passes, else 0.0; with `sandbox.partial_credit` the fraction passed. Without partial
-credit the tests stop at the first failure. The cause is "ok" when every test passed, else that of the first
-failing test: a sandbox cause (sandbox.CAUSES), wrong_answer (clean exit, wrong stdout or a failed assert),
-exited_early (an assert test's run ended cleanly without reaching its tests), or no_program. The runner counts
-them (RewardRunner.metrics: reward/cause/<cause>, per task reward/<task>/cause/<cause>).
+credit the tests stop at the first failure. Success (pass rates, No-Positive-Resampling) is "every test passed"
+either way: the result carries it (`Scored.success`), so 2 of 3 tests passed (0.67) is not solved. The cause is
+"ok" when every test passed, else that of the first failing test: a sandbox cause (sandbox.CAUSES), wrong_answer
+(clean exit, wrong stdout or a failed assert), exited_early (an assert test's run ended cleanly without reaching
+its tests), or no_program. The runner counts them (RewardRunner.metrics: reward/cause/<cause>, per task
+reward/<task>/cause/<cause>).
 
 Configuration: `configure(cfg)` sets the sandbox of this process; reward workers call it from their initializer
 (RewardRunner(..., sandbox=cfg.sandbox) arranges it), so the function keeps the fn(completion, answer) signature.
@@ -162,12 +164,13 @@ def _assert_test(sandbox: Sandbox, source: str, statement: str) -> str:
 
 def code_reward(completion: str, answer: str) -> Scored:
   """1.0 if the completion's program passes every test of `answer` (see the module docstring), else 0.0 or, with
-  sandbox.partial_credit, the fraction of tests passed; the result's `cause` says why."""
+  sandbox.partial_credit, the fraction of tests passed; the result's `cause` says why, its `success` whether every
+  test passed."""
   tests = parse_tests(answer)
   sandbox = _current()
   program = extract_program(completion, sandbox.cfg.marker)
   if program is None:
-    return Scored(0.0, "no_program")
+    return Scored(0.0, "no_program", success=False)
   source = tests.starter + program
   runs = [lambda i=i, o=o: _stdio_test(sandbox, source, i, o) for i, o in tests.stdio]
   runs += [lambda s=s: _assert_test(sandbox, source, s) for s in tests.asserts]
@@ -181,5 +184,5 @@ def code_reward(completion: str, answer: str) -> Scored:
     if not sandbox.cfg.partial_credit:
       break
   if first_failure is None:
-    return Scored(1.0, "ok")
-  return Scored(passed / len(tests) if sandbox.cfg.partial_credit else 0.0, first_failure)
+    return Scored(1.0, "ok", success=True)
+  return Scored(passed / len(tests) if sandbox.cfg.partial_credit else 0.0, first_failure, success=False)

@@ -1,7 +1,8 @@
 """Held-out evaluation metrics, pure functions of a success matrix.
 
-`correct_PN` is bool[P, N]: sample n of prompt p succeeded. A sample succeeds when its reward lies above the middle
-of the reward scale (`is_success`): 1 vs 0 under `01`, +1 vs -1 under `pm1`, so the same rule serves both.
+`correct_PN` is bool[P, N]: sample n of prompt p succeeded. A sample succeeds when it solved its item, as its
+verifier says (`RewardBatch.success`: the full score, or the code reward's every test passed), whatever the
+reward scale; a partial score is not a success.
   mean@n  = mean over prompts of (successes / n)   (the paper's held-out metric: 1000 prompts x 16 samples)
   pass@k  = mean over prompts of 1 - C(n - c, k) / C(n, k), the unbiased estimator of Chen et al. (2021) from n >= k
             samples with c successes, computed as 1 - prod_{i = n-c+1}^{n} (1 - k / i) to stay exact for large n.
@@ -12,13 +13,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-
-
-def is_success(rewards: np.ndarray, scale: str = "01") -> np.ndarray:
-  """bool, same shape: reward above the middle of the scale (0.5 for 01, 0 for pm1)."""
-  if scale not in ("01", "pm1"):
-    raise ValueError(f"reward scale must be 01 or pm1, got {scale!r}")
-  return np.asarray(rewards) > (0.5 if scale == "01" else 0.0)
 
 
 def success_counts(correct_PN: np.ndarray) -> np.ndarray:

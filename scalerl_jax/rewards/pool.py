@@ -72,21 +72,23 @@ def _stop(pool: ProcessPool) -> None:
 
 class PoolResult:
   """One batch from the pool: values float64[n] (nan where failed), errors (text or None per call), causes (what
-  a verifier that returns a Scored said, else None), which calls timed out, how many workers were killed for
-  overrunning, and how many calls were queued in the pool when the batch was scheduled (its own included)."""
+  a verifier that returns a Scored said, else None), success bool[n] (solved the item: worker.check; False where
+  failed), which calls timed out, how many workers were killed for overrunning, and how many calls were queued in
+  the pool when the batch was scheduled (its own included)."""
 
   def __init__(self, n: int):
     self.values = np.full(n, math.nan)
     self.errors: list[Optional[str]] = [None] * n
     self.causes: list[Optional[str]] = [None] * n
+    self.success = np.zeros(n, bool)
     self.timed_out = np.zeros(n, bool)
     self.killed_workers = 0
     self.succeeded = 0
     self.queued = 0
 
   def put(self, chunk: list[int], outcomes) -> None:
-    for i, (value, error, cause) in zip(chunk, outcomes):
-      self.values[i], self.errors[i], self.causes[i] = value, error, cause
+    for i, (value, error, cause, success) in zip(chunk, outcomes):
+      self.values[i], self.errors[i], self.causes[i], self.success[i] = value, error, cause, success
       self.succeeded += error is None
 
 

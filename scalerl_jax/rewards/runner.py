@@ -1,8 +1,11 @@
 """RewardRunner: makes any reward function safe to call from a training run.
 
 A reward function is `fn(completion: str, answer: str) -> float | bool`, returning a correctness score in [0, 1].
-`RewardRunner` maps it to the configured scale (`01`: r, `pm1`: 2r - 1, the paper's +-1). A call that raises,
-returns something that is not a finite number, or runs past `timeout_s` is scored with `failure_reward` and counted.
+`RewardRunner` maps it to the configured scale (`01`: r, `pm1`: 2r - 1, the paper's +-1). A sample succeeds (pass
+rates, No-Positive-Resampling, held-out evaluation, the length penalty's "correct") when it solved its item: the
+full score 1, or what a verifier returning a `Scored` says (the code reward: every test passed, also under partial
+credit); a failed call never succeeds. A call that raises, returns something that is not a finite number, or runs
+past `timeout_s` is scored with `failure_reward` and counted.
 `failure_reward` is a value ON THE CONFIGURED SCALE, used as given and never rescaled (make_reward_runner's default,
 data.failure_reward=null, is the scale's lowest reward: 0 under 01, -1 under pm1, so a failed verification never
 scores above a wrong answer).
@@ -58,7 +61,6 @@ from scalerl_jax import types
 from scalerl_jax.config import ConfigError
 from scalerl_jax.errors import UserError
 from scalerl_jax.rewards import worker
-from scalerl_jax.rewards.pass_rates import is_success
 from scalerl_jax.rewards.pool import VerifierPool
 from scalerl_jax.rewards.routing import TaskRewards
 from scalerl_jax.rewards.verifiers import PRELOAD, PURE_VERIFIERS, SANDBOXED_VERIFIERS, qualified_name
@@ -123,12 +125,14 @@ def reference_of(fn: Callable) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class RewardBatch:
-  """One scored batch: rewards float32[n] on the configured scale; which calls failed (scored failure_reward) and
-  which of those timed out; the first error's text (None when nothing failed)."""
+  """One scored batch: rewards float32[n] on the configured scale; which calls solved their item (the verifier's
+  verdict: every test passed, or the full score; never a failed call); which calls failed (scored failure_reward)
+  and which of those timed out; the first error's text (None when nothing failed)."""
   rewards: np.ndarray
   failed: np.ndarray
   timed_out: np.ndarray
   first_error: Optional[str]
+  success: np.ndarray
 
 
 class RewardRunner:
@@ -213,17 +217,18 @@ class RewardRunner:
     if len(answers) != n:
       raise ValueError(f"{n} completions but {len(answers)} answers")
     if n == 0:
-      return RewardBatch(np.zeros(0, np.float32), np.zeros(0, bool), np.zeros(0, bool), None)
+      return RewardBatch(np.zeros(0, np.float32), np.zeros(0, bool), np.zeros(0, bool), None, np.zeros(0, bool))
     t0 = time.perf_counter()
     if self._pool is None:
       out = [worker.call(self.fn, c, a) for c, a in zip(completions, answers)]
-      values = np.array([v for v, _, _ in out], np.float64)
-      errors, causes = [e for _, e, _ in out], [c for _, _, c in out]
+      values = np.array([v for v, _, _, _ in out], np.float64)
+      errors, causes = [e for _, e, _, _ in out], [c for _, _, c, _ in out]
+      success = np.array([s for _, _, _, s in out], bool)
       timed_out, killed, queued = np.zeros(n, bool), 0, 0
     else:
       result = self._pool.score(list(completions), list(answers))
       values, errors, timed_out, killed = result.values, result.errors, result.timed_out, result.killed_workers
-      causes, queued = result.causes, result.queued
+      causes, queued, success = result.causes, result.queued, result.success
     ok = np.array([e is None for e in errors])
     raw = np.where(ok, values, 0.0)
     scaled = raw if self.scale == "01" else 2.0 * raw - 1.0
@@ -235,7 +240,7 @@ class RewardRunner:
     if not ok.any():
       raise RewardError(f"reward function {self.name} failed on every one of the {n} calls of a batch; "
                         f"first error: {first}")
-    return RewardBatch(rewards, ~ok, timed_out, first)
+    return RewardBatch(rewards, ~ok, timed_out, first, success & ok)
 
   def _record(self, n: int, ok: np.ndarray, timed_out: np.ndarray, killed: int, errors: list, first) -> None:
     new_texts, too_many = [], False
@@ -283,17 +288,17 @@ class RewardRunner:
   def score_groups(self, groups: Sequence[types.RolloutGroup],
                    decode: Callable[[np.ndarray], str]) -> list[types.ScoredGroup]:
     """Every sample of these groups scored in one batch (a handful of worker round trips, not one per group);
-    success is decided here, once, for the advantages' filters, No-Positive-Resampling and evaluation alike.
-    RewardError (every call failed) propagates: the caller lets it stop the run."""
+    success is the verifier's verdict (RewardBatch.success), carried here, once, to the advantages' filters,
+    No-Positive-Resampling and evaluation alike. RewardError (every call failed) propagates: the caller lets it
+    stop the run."""
     texts = [decode(s.tokens) for g in groups for s in g.samples]
     answers = [g.prompt.answer for g in groups for _ in g.samples]
-    rewards, failed = self.score_each(texts, answers)
-    success = is_success(rewards, self.scale)
+    batch = self.score_batch(texts, answers)
     out, start = [], 0
     for g in groups:
       end = start + len(g.samples)
-      out.append(types.ScoredGroup(g.prompt, g.samples, rewards[start:end], success[start:end],
-                                   int(failed[start:end].sum())))
+      out.append(types.ScoredGroup(g.prompt, g.samples, batch.rewards[start:end], batch.success[start:end],
+                                   int(batch.failed[start:end].sum())))
       start = end
     return out
 

@@ -16,9 +16,10 @@ What a worker does at start (`init`):
     the code reward's `configure(sandbox config)`) and resolves the reward function from its reference
     'package.module:qual.name'. A failure there is kept as text and every call of this worker reports it (an
     initializer that raised would make pebble restart the worker forever).
-What comes back per call is small by construction: (value, error text or None, cause or None), the text at most
-MAX_TEXT characters (a returned object is never sent back, only a bounded repr of it in the error), the cause a
-short name (a verifier that returns a `Scored` says why it scored what it did; see `check`).
+What comes back per call is small by construction: (value, error text or None, cause or None, success), the text
+at most MAX_TEXT characters (a returned object is never sent back, only a bounded repr of it in the error), the
+cause a short name (a verifier that returns a `Scored` says why it scored what it did; see `check`), success
+whether the completion solved the item (the verifier's own verdict, else the full score 1; see `check`).
 """
 
 from __future__ import annotations
@@ -68,49 +69,57 @@ def error_text(exc: BaseException) -> str:
 
 class Scored(float):
   """A score that says why: the float is the score, `cause` a short lowercase name (e.g. the code reward's "ok",
-  "timeout_wall", "no_program"), counted by the runner per cause (RewardRunner.metrics: reward/cause/<cause>)."""
+  "timeout_wall", "no_program"), counted by the runner per cause (RewardRunner.metrics: reward/cause/<cause>).
+  `success`: whether the completion solved the item, when the score alone does not say it (the code reward with
+  partial credit: 2 of 3 tests passed scores 0.67 and is not solved); None: solved means the full score 1."""
 
-  def __new__(cls, value: float, cause: str):
+  def __new__(cls, value: float, cause: str, success: Optional[bool] = None):
     self = super().__new__(cls, value)
     self.cause = cause
+    self.success = success
     return self
 
   def __reduce__(self):
-    return Scored, (float(self), self.cause)
+    return Scored, (float(self), self.cause, self.success)
 
   def __repr__(self) -> str:
-    return f"Scored({float(self)!r}, {self.cause!r})"
+    return f"Scored({float(self)!r}, {self.cause!r}, success={self.success!r})"
 
 
-Outcome = tuple[float, Optional[str], Optional[str]]  # (value or nan, error text or None, cause or None)
+# (value or nan, error text or None, cause or None, success: solved the item; False for a failed call)
+Outcome = tuple[float, Optional[str], Optional[str], bool]
 
 
 def check(raw: Any) -> Outcome:
-  """A reward function's return value -> (float, None, cause or None), or (nan, why it is not a score, None)."""
+  """A reward function's return value -> (float, None, cause or None, success), or (nan, why it is not a score,
+  None, False). Success is the verifier's own verdict (`Scored.success`), else the full score: value >= 1."""
   np = sys.modules.get("numpy")  # a numpy scalar can only exist if numpy is imported
-  cause = None
+  cause, success = None, None
   if isinstance(raw, Scored):
-    cause = raw.cause
+    cause, success = raw.cause, raw.success
     if not (isinstance(cause, str) and CAUSE.fullmatch(cause)):
       return math.nan, _short(f"returned a Scored whose cause {_repr.repr(cause)} is not a short lowercase name "
-                              "(letters, digits, _; at most 32)"), None
+                              "(letters, digits, _; at most 32)"), None, False
+    if success is not None and not isinstance(success, bool):
+      return math.nan, _short(f"returned a Scored whose success {_repr.repr(success)} is not a bool or None"), None, \
+          False
   if isinstance(raw, (bool, int, float)) or (np is not None and isinstance(raw, (np.number, np.bool_))):
     value = float(raw)
     if math.isfinite(value):
-      return value, None, cause
-    return math.nan, _short(f"returned {_repr.repr(raw)}, not a finite number"), None
-  return math.nan, _short(f"returned {_repr.repr(raw)}, not a number"), None
+      return value, None, cause, value >= 1.0 if success is None else success
+    return math.nan, _short(f"returned {_repr.repr(raw)}, not a finite number"), None, False
+  return math.nan, _short(f"returned {_repr.repr(raw)}, not a number"), None, False
 
 
 def call(fn: Callable[[str, str], Any], completion: str, answer: str,
          catch: type[BaseException] = Exception) -> Outcome:
-  """One scored call: (value, None, cause) or (nan, error text, None). Workers catch BaseException (a verifier's
-  sys.exit is a failed call, not a dead worker); the inline path only Exception (Ctrl-C must still reach the
-  trainer)."""
+  """One scored call: (value, None, cause, success) or (nan, error text, None, False). Workers catch BaseException
+  (a verifier's sys.exit is a failed call, not a dead worker); the inline path only Exception (Ctrl-C must still
+  reach the trainer)."""
   try:
     return check(fn(completion, answer))
   except catch as exc:
-    return math.nan, error_text(exc), None
+    return math.nan, error_text(exc), None, False
 
 
 def _silence_output() -> None:
@@ -175,11 +184,11 @@ def init(sys_path: Sequence[str], ref: str, preload: Sequence[str] = (),
 
 
 def score_chunk(completions: Sequence[str], answers: Sequence[str]) -> tuple[list[Outcome], float]:
-  """pebble's task: every call of a chunk in order -> ([(value, error or None, cause or None)], seconds the chunk
-  took)."""
+  """pebble's task: every call of a chunk in order -> ([(value, error or None, cause or None, success)], seconds
+  the chunk took)."""
   t0 = time.perf_counter()
   if _fn is None:
-    return [(math.nan, _init_error, None)] * len(completions), 0.0
+    return [(math.nan, _init_error, None, False)] * len(completions), 0.0
   out = [call(_fn, c, a, BaseException) for c, a in zip(completions, answers)]
   return out, time.perf_counter() - t0
 

@@ -242,12 +242,9 @@ def fixed_a_comparison(fits: Sequence[RecipeFit], a: Optional[float] = None) -> 
     a = float(np.mean([np.median(f.post.param("A")) for f in fits]))
   out = {"A_common": a, "B": {}, "C_mid": {}}
   for f in fits:
-    c = np.concatenate([p.compute for p in f.points])
+    c = np.concatenate([p.compute for p in f.points])  # every seed's points, equal computes too (curve_fit.x=steps)
     r = np.concatenate([p.reward for p in f.points])
-    order = np.argsort(c, kind="stable")
-    c, r = c[order], r[order]
-    keep = np.concatenate([[True], np.diff(c) > 0])  # equal computes of two seeds: keep the first
-    lsq = fit_fixed_a(c[keep], r[keep], float(np.mean(f.r0)), a)
+    lsq = fit_fixed_a(c, r, float(np.mean(f.r0)), a)
     out["B"][f.name], out["C_mid"][f.name] = float(lsq.params.B), float(lsq.params.C_mid)
   return out
 
@@ -299,15 +296,16 @@ def recipe_table(fits: Sequence[RecipeFit], level: float = 0.9) -> list[dict]:
 
 
 def resolved(pair: dict, rows: Sequence[dict], p_min: float = 0.9) -> str:
-  """Whether the study resolves which of a pair's ceilings is higher: "yes" when P(A_1 > A_2) is beyond p_min (or
-  1 - p_min) and both ceilings are identified, or when the lower recipe's ceiling is identified and its interval
-  on A lies below the higher one's (a ceiling that is not identified is a lower bound at best: only the low end of
-  its interval means anything, so it can be shown higher than an identified one, never lower)."""
+  """Whether the study resolves which of a pair's ceilings is higher: "yes" when P(A_1 > A_2) >= p_min (or
+  <= 1 - p_min: the same test on the other side, to a rounding tolerance) and both ceilings are identified, or
+  when the lower recipe's ceiling is identified and its interval on A lies below the higher one's (a ceiling that
+  is not identified is a lower bound at best: only the low end of its interval means anything, so it can be shown
+  higher than an identified one, never lower)."""
   prob = pair["p_A1_greater"]
-  if p_min > prob > 1 - p_min:
+  if max(prob, 1.0 - prob) < p_min - 1e-9:  # one comparison for both sides (1 - 0.9 is not 0.1 in floats)
     return "no"
   r1, r2 = (next(r for r in rows if r["recipe"] == name) for name in pair["recipes"])
-  high, low = (r1, r2) if prob >= p_min else (r2, r1)
+  high, low = (r1, r2) if prob > 0.5 else (r2, r1)
   if high["ceiling_identified"] and low["ceiling_identified"]:
     return "yes"
   if low["ceiling_identified"] and low["A"]["hi"] < high["A"]["lo"]:

@@ -7,8 +7,9 @@ replayed when rollout.routing_replay is on), and the router losses are added her
 
     loss = policy loss + (router_aux_coef * mean_l aux_l + router_z_coef * mean_l z_l) / micro_batches
 
-with aux_l and z_l of MoE layer l over the micro-batch's tokens (prompt and sampled completion tokens;
-`model.moe.load_balance_loss`, `model.moe.z_loss`), so the sum over micro-batches is their mean. The step's metric
+with aux_l and z_l of MoE layer l over the micro-batch's tokens (each row's prompt and sampled completion tokens,
+the same count in both layouts; `model.moe.load_balance_loss`, `model.moe.z_loss`), so the sum over micro-batches
+is their mean. The step's metric
 sums gain `moe_*` keys, turned into `moe/...` metrics by `router_metrics`.
 """
 
