@@ -182,7 +182,8 @@ def _check_pretrained_tokenizer(cfg: RunConfig, tokenizer) -> None:
   m, d = cfg.model.pretrained, pathlib.Path(cfg.model.pretrained)
   hint = f"use the checkpoint's own tokenizer (data.tokenizer={m})"
   if cfg.data.tokenizer == "char":
-    own = [n for n in _TOKENIZER_FILES if (d / n).is_file()]
+    own = [n for n in _TOKENIZER_FILES if (d / n).is_file()] or (
+        ["tokenizer.ggml.tokens"] if d.suffix.lower() == ".gguf" else [])  # a GGUF file carries its vocabulary
     if own:
       raise ConfigError(f"data.tokenizer: char (the built-in character vocabulary) with model.pretrained={m}, a "
                         f"checkpoint with its own tokenizer ({own[0]}): the character ids mean other tokens to it; "
