@@ -489,3 +489,34 @@ def test_real_smollm2_gguf():
   for _ in range(8):
     seq.append(int(np.asarray(model.logits(np.asarray(seq)[None]))[0, -1].argmax()))
   assert tok.decode(seq[len(ids):]).startswith("17 + 25 =")
+
+
+def test_export_of_a_run_imported_from_a_gguf_file(tmp_path, capsys):
+  """launch/export.py on a run whose model.pretrained is a GGUF file: no flags needed; the same directory the
+  converter writes for those params (config.json, weights, tokenizer files)."""
+  import dataclasses
+  from launch import export as export_cli
+  from scalerl_jax.config import to_yaml
+  from scalerl_jax.mesh import TRAIN_RULES, Layout
+  from scalerl_jax.model import make_policy
+  from scalerl_jax.train.checkpoint import RunCheckpointer, config_fingerprint
+  from scalerl_jax.train.state import init_train_state, make_optimizer
+  from tests.pipeline_helpers import tiny_config
+  run = tmp_path / "run"
+  run.mkdir()
+  base = tiny_config(run)
+  cfg = dataclasses.replace(base, model=dataclasses.replace(
+      hf_model_config(FILES["Q4_1"], max_seq_len=base.model.max_seq_len), pretrained=str(FILES["Q4_1"])))
+  (run / "config.yaml").write_text(to_yaml(cfg))
+  params = load_pretrained(FILES["Q4_1"], max_seq_len=cfg.model.max_seq_len).params
+  ckpt = RunCheckpointer(run / "checkpoints", cfg.checkpoint.keep)
+  layout = Layout(make_mesh("data=1,fsdp=1,tensor=1,expert=1", jax.devices()[:1]), TRAIN_RULES)
+  ckpt.save(2, init_train_state(make_policy(cfg.model), make_optimizer(cfg.optimizer), layout, seed=0, params=params),
+            {"step": 2, "fingerprint": config_fingerprint(cfg)})
+  ckpt.close()
+  assert export_cli.main([str(run), "--out", str(tmp_path / "exported")]) == 0
+  assert "warning" not in capsys.readouterr().out
+  assert convert_cli.main([str(FILES["Q4_1"]), "--out", str(tmp_path / "converted")]) == 0
+  for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+               "generation_config.json"):
+    assert (tmp_path / "exported" / name).read_bytes() == (tmp_path / "converted" / name).read_bytes(), name
