@@ -439,11 +439,15 @@ def test_a_run_takes_the_gguf_file_as_model_pretrained_and_data_tokenizer(tmp_pa
 
 
 def test_the_character_tokenizer_with_a_gguf_checkpoint_is_refused(tmp_path):
+  """model.pretrained a GGUF file, or a directory holding one, with data.tokenizer=char: refused by name."""
   from scalerl_jax.config import ConfigError, load_config
   from scalerl_jax.pipeline.job import RLJob
-  with pytest.raises(ConfigError, match=rf"^data\.tokenizer: char .* with model\.pretrained={FILES['Q8_0']}, a "
-                                        r"checkpoint with its own tokenizer \(tokenizer\.ggml\.tokens\)"):
-    RLJob(load_config(None, [f"run_dir={tmp_path / 'run'}", f"model.pretrained={FILES['Q8_0']}"]), progress=False)
+  (tmp_path / "ckpt").mkdir()
+  shutil.copy(FILES["Q8_0"], tmp_path / "ckpt" / "model.gguf")
+  for model in (FILES["Q8_0"], tmp_path / "ckpt"):
+    with pytest.raises(ConfigError, match=rf"^data\.tokenizer: char .* with model\.pretrained={model}, a checkpoint "
+                                          r"with its own tokenizer \(tokenizer\.ggml\.tokens\)"):
+      RLJob(load_config(None, [f"run_dir={tmp_path / 'run'}", f"model.pretrained={model}"]), progress=False)
 
 
 def _smollm2_gguf():
