@@ -6,7 +6,8 @@
 Reads RUN_DIR/config.yaml, restores the params of the latest intact checkpoint (or exactly checkpoint --step N) on
 one device and writes them with `scalerl_jax.model.hf_export.export_pretrained`. The Hugging Face checkpoint the
 run's model was imported from (--source, default the run's model.pretrained) gives the family, special ids and
-tokenizer files; a run whose model was not imported needs --family. --out may not be (or hold) the source
+tokenizer files (a GGUF source: its metadata, and the tokenizer files built from its vocabulary as launch/convert.py
+writes them); a run whose model was not imported needs --family. --out may not be (or hold) the source
 checkpoint or RUN_DIR. An export without a tokenizer.json (a character-tokenizer run) says so, and why, in a
 warning line. A user error prints as `export.py: error: ...` and exits 2.
 """
@@ -84,6 +85,9 @@ def main(argv=None) -> int:
   setup_logging(args.verbose)
   from scalerl_jax.model.hf_export import FAMILIES as DENSE, MOE_FAMILIES, check_family, check_out_dir, export_dtype
   from scalerl_jax.model.hf_export import export_pretrained
+  from scalerl_jax.data.gguf_vocab import read_vocab
+  from scalerl_jax.model.gguf import gguf_path
+  from scalerl_jax.model.gguf_convert import export_with_gguf_source
   FAMILIES = DENSE + MOE_FAMILIES
   try:
     dtype = export_dtype(args.dtype)
@@ -92,7 +96,7 @@ def main(argv=None) -> int:
     cfg = run_config(pathlib.Path(args.run_dir))
     source, imported = args.source, cfg.model.pretrained
     if source is None and imported:
-      if pathlib.Path(imported).is_dir():
+      if pathlib.Path(imported).is_dir() or gguf_path(imported) is not None:  # a checkpoint directory or GGUF file
         source = imported
       elif args.family is None:
         raise UserError(f"the run's model.pretrained={imported!r} is not a directory (moved?): pass --source HF_DIR "
@@ -105,8 +109,14 @@ def main(argv=None) -> int:
     if args.family is not None:
       check_family(cfg.model, args.family)  # before the restore: a refusal costs nothing
     check_out_dir(args.out, {"the source checkpoint": source, "the run directory": args.run_dir}, "--out")
+    gguf = gguf_path(source) if source is not None else None
+    if gguf is not None:  # the tokenizer first: an unsupported one is refused before the restore
+      read_vocab(gguf)
     step, params = restore_params(pathlib.Path(args.run_dir), cfg, args.step)
-    out = export_pretrained(params, cfg.model, args.out, dtype=dtype, family=args.family, source_dir=source)
+    if gguf is not None:
+      out = export_with_gguf_source(params, cfg.model, args.out, gguf, dtype=dtype, family=args.family)
+    else:
+      out = export_pretrained(params, cfg.model, args.out, dtype=dtype, family=args.family, source_dir=source)
   except UserError as e:
     fail(str(e))
   except OSError as e:

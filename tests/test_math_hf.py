@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from scalerl_jax.config import ConfigError, load_config
-from scalerl_jax.model.hf import load_pretrained
+from scalerl_jax.model.hf import HFCheckpointError, load_pretrained
 from scalerl_jax.pipeline.job import RLJob
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -59,15 +59,20 @@ def test_math_hf_recipe_trains_an_imported_checkpoint_and_resumes(tmp_path):
 
 
 def test_a_missing_or_file_checkpoint_path_names_model_pretrained(tmp_path):
-  """math_hf.yaml's placeholder checkpoint, and a file where a directory is expected: a ConfigError naming the key
-  (not config.json's 'no such file', nor a utf-8 codec error from reading a binary file as JSON)."""
+  """math_hf.yaml's placeholder checkpoint, and a file (not a GGUF) where a directory is expected: a ConfigError
+  naming the key (not config.json's 'no such file', nor a utf-8 codec error from reading a binary file as JSON); a
+  broken GGUF file: an error naming it."""
   run = [f"run_dir={tmp_path / 'run'}"]
   with pytest.raises(ConfigError, match=r"^model\.pretrained: checkpoints/model: no such directory; a Hugging Face "
                                         r"checkpoint directory .* is expected"):
     RLJob(load_config(ROOT / "configs" / "math_hf.yaml", run), progress=False)
-  gguf = tmp_path / "model.gguf"
+  weights = tmp_path / "model.bin"
+  weights.write_bytes(b"GGUF\x03\x00\x00\x00\xff\xfe\x80")
+  with pytest.raises(ConfigError, match=rf"^model\.pretrained: {weights} is a file, not a checkpoint directory"):
+    RLJob(load_config(ROOT / "configs" / "math_hf.yaml", [*run, f"model.pretrained={weights}"]), progress=False)
+  gguf = tmp_path / "model.gguf"  # a GGUF file is a checkpoint (tests/test_gguf.py); a broken one is named
   gguf.write_bytes(b"GGUF\x03\x00\x00\x00\xff\xfe\x80")
-  with pytest.raises(ConfigError, match=rf"^model\.pretrained: {gguf} is a file, not a checkpoint directory"):
+  with pytest.raises(HFCheckpointError, match=rf"^{gguf}: not a readable GGUF file"):
     RLJob(load_config(ROOT / "configs" / "math_hf.yaml", [*run, f"model.pretrained={gguf}"]), progress=False)
 
 

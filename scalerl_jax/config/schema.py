@@ -67,8 +67,9 @@ def _literal_fields(cls: type) -> tuple[tuple[str, tuple], ...]:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig(_Choices):
-  # a Hugging Face checkpoint directory (config.json + safetensors): when set, its config.json decides the
-  # architecture keys below (they are overwritten) and its weights are the initial params (no warm start)
+  # a Hugging Face checkpoint directory (config.json + safetensors) or a GGUF file: when set, its config.json (the
+  # GGUF's metadata) decides the architecture keys below (they are overwritten) and its weights are the initial
+  # params (no warm start)
   pretrained: str = ""
   family: ModelFamily = "dense"
   vocab_size: int = 32

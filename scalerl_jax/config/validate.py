@@ -177,12 +177,14 @@ def _check_pretrained_tokenizer(cfg: RunConfig, tokenizer) -> None:
   character-tokenizer run); any tokenizer must hold the checkpoint's BOS / EOS ids (those of its
   generation_config.json / config.json), and a checkpoint directory's tokenizer must name the same BOS and share an
   EOS id. (The tokenizer fitting the embedding is make_tokenizer's check; Qwen pads vocab_size past its tokenizer.)"""
+  from scalerl_jax.model.gguf import gguf_path
   from scalerl_jax.model.hf import special_ids
 
   m, d = cfg.model.pretrained, pathlib.Path(cfg.model.pretrained)
   hint = f"use the checkpoint's own tokenizer (data.tokenizer={m})"
   if cfg.data.tokenizer == "char":
-    own = [n for n in _TOKENIZER_FILES if (d / n).is_file()]
+    own = [n for n in _TOKENIZER_FILES if (d / n).is_file()] or (
+        ["tokenizer.ggml.tokens"] if gguf_path(d) is not None else [])  # a GGUF file carries its vocabulary
     if own:
       raise ConfigError(f"data.tokenizer: char (the built-in character vocabulary) with model.pretrained={m}, a "
                         f"checkpoint with its own tokenizer ({own[0]}): the character ids mean other tokens to it; "

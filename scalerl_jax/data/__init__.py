@@ -2,7 +2,9 @@
 
   sources.py        JSONL / Parquet rows -> Records (field mapping, stable ids, bad-row handling)
   tokenizer.py      CharTokenizer (built-in tasks), HFTokenizer (tokenizer.json + `{prompt}` template) and
-                    PretrainedTokenizer (a Hugging Face checkpoint: special ids, several EOS ids, chat template)
+                    PretrainedTokenizer (a Hugging Face checkpoint: special ids, several EOS ids, chat template),
+                    GGUFTokenizer (a GGUF file's, built by gguf_vocab.py from its vocabulary and merges)
+  gguf_vocab.py     a GGUF file's vocabulary -> tokenizers.Tokenizer (pre-tokenizer by tokenizer.ggml.pre)
   chat.py           the checkpoint's Jinja chat template rendered as transformers renders it
   tasks.py          built-in addition and countdown tasks (train / warm-start-val / eval splits), file datasets
                     (held-out rows by hash, or data.eval_path)

@@ -1,6 +1,7 @@
-"""Tokenizers: a character-level one for the built-in tasks, a wrapper over HF `tokenizers` (tokenizer.json) and a
+"""Tokenizers: a character-level one for the built-in tasks, a wrapper over HF `tokenizers` (tokenizer.json), a
 Hugging Face checkpoint's tokenizer (`tokenizer_from_pretrained(dir)`: tokenizer.json, its special ids from the
-checkpoint's configs and its Jinja chat template, scalerl_jax/data/chat.py).
+checkpoint's configs and its Jinja chat template, scalerl_jax/data/chat.py) and a GGUF file's (GGUFTokenizer: the
+same, built from the file's vocabulary, merges and metadata by data/gguf_vocab.py).
 
 All expose one interface: `pad_id`, `bos_id` (None when the model has no BOS), `eos_id` (the first of `eos_ids`,
 every id that ends a sequence: the rollout engine's stop_ids), `vocab_size`, `encode(str) -> list[int]`,
@@ -212,9 +213,46 @@ class PretrainedTokenizer(HFTokenizer):
       check_vocab(self, vocab_size)
 
 
+class GGUFTokenizer(HFTokenizer):
+  """A GGUF checkpoint's tokenizer, built from its vocabulary and merges (data/gguf_vocab.py), with the special ids
+  load_pretrained reads from the same file (tokenizer.ggml.bos / eos (+ eot, eom) / padding_token_id; PAD falls
+  back to EOS; `eos_token` puts that token first) and its Jinja chat template (`tokenizer.chat_template`).
+  `directory` is the file (the checkpoint the tokenizer belongs to). Errors name the file and the key."""
+
+  prompt_specials = True
+
+  def __init__(self, path: str | pathlib.Path, chat_template: str = "", *, eos_token: Optional[str] = None,
+               vocab_size: Optional[int] = None):
+    from scalerl_jax.data.gguf_vocab import read_vocab
+
+    vocab = read_vocab(path)
+    self._tok, self.path, self.directory = vocab.tokenizer, str(vocab.path), vocab.path
+    self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+    self.chat_template = chat_template
+    self.chat = None if vocab.chat_template is None else ChatTemplate(
+        vocab.chat_template, f"{vocab.path} (tokenizer.chat_template)", vocab.special_tokens)
+    eos = vocab.eos_ids
+    if eos_token:
+      eos = (self._special(eos_token, (), "EOS"),) + eos
+    if not eos:
+      raise DataError(f"{vocab.path}: no EOS id: the file sets no tokenizer.ggml.eos_token_id; name the "
+                      "end-of-sequence token with data.eos_token=<token>")
+    self.eos_ids = tuple(dict.fromkeys(eos))
+    self.eos_id, self.bos_id = self.eos_ids[0], vocab.bos_id
+    self.pad_id = self.eos_id if vocab.pad_id is None else vocab.pad_id
+    if vocab_size is not None:
+      check_vocab(self, vocab_size)
+
+
 def tokenizer_from_pretrained(directory: str | pathlib.Path, chat_template: str = "", *,
-                              eos_token: Optional[str] = None, vocab_size: Optional[int] = None) -> PretrainedTokenizer:
-  """A Hugging Face checkpoint directory's tokenizer (tokenizer.json + configs + chat template)."""
+                              eos_token: Optional[str] = None,
+                              vocab_size: Optional[int] = None) -> PretrainedTokenizer | GGUFTokenizer:
+  """A Hugging Face checkpoint directory's tokenizer (tokenizer.json + configs + chat template), or a GGUF file's
+  (a `*.gguf`, or a directory holding one and no config.json), as load_pretrained reads the same path."""
+  from scalerl_jax.model.gguf import gguf_path
+  g = gguf_path(directory)
+  if g is not None:
+    return GGUFTokenizer(g, chat_template, eos_token=eos_token, vocab_size=vocab_size)
   return PretrainedTokenizer(directory, chat_template, eos_token=eos_token, vocab_size=vocab_size)
 
 
@@ -236,9 +274,9 @@ def is_checkpoint_dir(path: str | pathlib.Path) -> bool:
 
 
 def make_tokenizer(cfg, vocab_size: Optional[int] = None) -> CharTokenizer | HFTokenizer:
-  """From a DataConfig: `data.tokenizer` = "char", a path to tokenizer.json (or a folder holding only it), or a
+  """From a DataConfig: `data.tokenizer` = "char", a path to tokenizer.json (or a folder holding only it), a
   Hugging Face checkpoint directory (tokenizer_from_pretrained; a checkpoint directory's tokenizer.json is read as
-  the directory, with its chat template and special ids); `data.eos_token` (empty: the usual names, or the
+  the directory, with its chat template and special ids), or a GGUF file (GGUFTokenizer); `data.eos_token` (empty: the usual names, or the
   checkpoint's ids) names the end-of-sequence token. `vocab_size` (model.vocab_size) is checked against the
   tokenizer's size with an error naming its file."""
   if cfg.tokenizer == "char":
@@ -251,6 +289,10 @@ def make_tokenizer(cfg, vocab_size: Optional[int] = None) -> CharTokenizer | HFT
     path = path.parent  # a checkpoint's tokenizer.json: read as its directory (chat template, special ids)
   if is_checkpoint_dir(path):
     return PretrainedTokenizer(path, cfg.chat_template, eos_token=cfg.eos_token or None, vocab_size=vocab_size)
+  if not (path / "tokenizer.json").is_file():
+    from scalerl_jax.model.gguf import gguf_path
+    if gguf_path(path) is not None:
+      return GGUFTokenizer(gguf_path(path), cfg.chat_template, eos_token=cfg.eos_token or None, vocab_size=vocab_size)
   tok = HFTokenizer(cfg.tokenizer, cfg.chat_template, eos_token=cfg.eos_token or None)
   if vocab_size is not None:
     check_vocab(tok, vocab_size)

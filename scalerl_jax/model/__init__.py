@@ -1,7 +1,7 @@
 """Policy models: shared layers (layers.py), the mixture-of-experts MLP (moe.py), the decoder (transformer.py), the
 functional face and family dispatch (policy.py: `make_policy(cfg)` by `model.family`), params as named host arrays
-(weights.py), and Hugging Face checkpoints in (hf.py: `load_pretrained`) and out (hf_export.py:
-`export_pretrained`)."""
+(weights.py), and Hugging Face checkpoints in (hf.py: `load_pretrained`, which also reads GGUF files through
+gguf.py) and out (hf_export.py: `export_pretrained`; gguf_convert.py: a GGUF file as a Hugging Face directory)."""
 
 from scalerl_jax.model.hf import HFCheckpointError, Pretrained, hf_model_config, load_pretrained
 from scalerl_jax.model.hf_export import HFExportError, export_pretrained

@@ -1,5 +1,7 @@
 """Hugging Face checkpoints in: `config.json` -> `ModelConfig`, and safetensors weights (one file or sharded with
 `model.safetensors.index.json`; fp32 / bf16 / fp16 on disk) read slice by slice straight into the target shardings.
+A GGUF file (llama.cpp's format) takes the same way: model/gguf.py turns its metadata into a config.json dict and
+serves its tensors, dequantized, under the Hugging Face names below.
 
 Families (`model_type`): llama (Llama 2/3/3.1/3.2), qwen2 (Qwen2 / Qwen2.5: q/k/v biases) and qwen3 (QK-norm), the
 dense ones (`FAMILIES`); qwen3_moe (Qwen3-MoE: QK-norm, dense layers where `mlp_only_layers` / `decoder_sparse_step`
@@ -75,13 +77,14 @@ def _read_json(path: pathlib.Path) -> dict:
 
 
 def pretrained_dir(path: str | os.PathLike, key: str = "model.pretrained") -> pathlib.Path:
-  """`path` (the value of config key `key`) as a checkpoint directory; a missing path or a file is a ConfigError
-  naming the key (not the JSON error of reading a binary file as config.json)."""
+  """`path` (the value of config key `key`) as a checkpoint: a directory, or a GGUF file (`*.gguf`); a missing path
+  or another file is a ConfigError naming the key (not the JSON error of reading a binary file as config.json)."""
   p = pathlib.Path(path).expanduser()
-  expected = "a Hugging Face checkpoint directory (config.json + model.safetensors or its sharded index) is expected"
+  expected = ("a Hugging Face checkpoint directory (config.json + model.safetensors or its sharded index) or a GGUF "
+              "file (*.gguf) is expected")
   if not p.exists():
     raise ConfigError(f"{key}: {path}: no such directory; {expected} (set {key}=PATH/TO/CHECKPOINT)")
-  if not p.is_dir():
+  if not p.is_dir() and p.suffix.lower() != ".gguf":
     raise ConfigError(f"{key}: {path} is a file, not a checkpoint directory; {expected}")
   return p
 
@@ -157,11 +160,15 @@ def _moe_fields(hf: dict, family: str, where: str, num_layers: int) -> dict[str,
 
 def hf_model_config(path_or_dict: str | os.PathLike | Mapping, *, dtype: str = "float32",
                     max_seq_len: Optional[int] = None) -> ModelConfig:
-  """Our `ModelConfig` for a Hugging Face `config.json` (a checkpoint directory, the file, or its dict).
-  `max_seq_len` defaults to `max_position_embeddings`; `dtype` is the param and compute dtype."""
+  """Our `ModelConfig` for a Hugging Face `config.json` (a checkpoint directory, the file, or its dict), or a GGUF
+  file's metadata (model/gguf.py). `max_seq_len` defaults to `max_position_embeddings`; `dtype` is the param and
+  compute dtype."""
   if isinstance(path_or_dict, Mapping):
     hf, where = dict(path_or_dict), "config.json"
   else:
+    from scalerl_jax.model.gguf import gguf_model_config, gguf_path
+    if gguf_path(path_or_dict) is not None:  # a GGUF file's metadata (model/gguf.py)
+      return gguf_model_config(gguf_path(path_or_dict), dtype=dtype, max_seq_len=max_seq_len)
     p = pathlib.Path(path_or_dict)
     p = p / "config.json" if p.is_dir() else p
     hf, where = _read_json(p), str(p)
@@ -419,7 +426,14 @@ def special_ids(directory: str | os.PathLike, token_id: Optional[Callable[[str],
   from generation_config.json, else config.json (the order of transformers' generate: Qwen's config.json names one
   EOS id, its generation_config.json two), else tokenizer_config.json's token name (`bos_token`, ...) looked up
   with `token_id`; tokenizer_config.json's `eos_token` is added to the EOS ids as well. `vocab` = (size, what):
-  every config id must lie below size. HFCheckpointError names the file and key."""
+  every config id must lie below size. HFCheckpointError names the file and key. A GGUF file (or a directory
+  holding one and no config.json): its tokenizer.ggml.*_token_id keys (model/gguf.py special_ids)."""
+  from scalerl_jax.model import gguf
+  g = gguf.gguf_path(directory)
+  if g is not None:
+    meta = gguf.read_metadata(g)[1]
+    tokens = meta.get("tokenizer.ggml.tokens")
+    return gguf.special_ids(meta, g, len(tokens) if isinstance(tokens, list) else None)
   d = pathlib.Path(directory)
   configs = [(d / n, _read_json(d / n)) for n in ID_CONFIGS if (d / n).is_file()]
   tok_file = d / "tokenizer_config.json"
@@ -477,19 +491,56 @@ def _token_lookup(d: pathlib.Path) -> Callable[[str], Optional[int]]:
   return lookup
 
 
+def _place(policy: Policy, specs, dtype: str, mesh: Optional[Mesh], rules: Mapping[str, Any]) -> Params:
+  """Our params from `specs` ((_Map, sources) per leaf of `policy.param_shapes`, in tree order): each placed in the
+  sharding `rules` give its logical axes on `mesh` (without: the default device), every device's block read on its
+  own (`jax.make_array_from_callback`)."""
+  leaves = jax.tree_util.tree_flatten_with_path(policy.param_shapes)[0]
+  if mesh is None:
+    shardings = [SingleDeviceSharding(jax.devices()[0]) for _ in leaves]
+  else:
+    shardings = jax.tree.leaves(logical_to_sharding(policy.logical_axes, policy.param_shapes, mesh, rules),
+                                is_leaf=lambda x: isinstance(x, NamedSharding))
+  out = [jax.make_array_from_callback(shape.shape, sharding, _block_reader(sources, spec, _NP_DTYPES[dtype]))
+         for (_, shape), sharding, (spec, sources) in zip(leaves, shardings, specs)]
+  return jax.tree.unflatten(jax.tree.structure(policy.param_shapes), out)
+
+
+def _load_gguf(path: pathlib.Path, dtype: str, mesh: Optional[Mesh], rules: Mapping[str, Any],
+               max_seq_len: Optional[int]) -> Pretrained:
+  from scalerl_jax.model.gguf import open_gguf
+  ckpt = open_gguf(path, dtype=dtype, max_seq_len=max_seq_len)
+  policy = make_policy(ckpt.cfg)
+  names = hf_name_map(ckpt.cfg, ckpt.model_type)
+  specs = []  # every tensor and shape is checked (the table only) before any tensor is dequantized
+  for key_path, _ in jax.tree_util.tree_flatten_with_path(policy.param_shapes)[0]:
+    spec = names[jax.tree_util.keystr(key_path)]
+    specs.append((spec, [ckpt.sources(name, spec.stored_shape) for name in spec.names]))
+  try:
+    params = _place(policy, specs, dtype, mesh, rules)
+  finally:
+    ckpt.close()
+  return Pretrained(policy, params, ckpt.cfg, path, ckpt.ids.bos_id, ckpt.ids.eos_ids, ckpt.ids.pad_id)
+
+
 def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", mesh: Optional[Mesh] = None,
                     rules: Mapping[str, Any] = TRAIN_RULES, max_seq_len: Optional[int] = None) -> Pretrained:
-  """Read a Hugging Face checkpoint directory (config.json + model.safetensors or a sharded index) into our policy.
+  """Read a Hugging Face checkpoint directory (config.json + model.safetensors or a sharded index), or a GGUF file
+  (a `*.gguf`, or a directory holding one and no config.json: model/gguf.py), into our policy.
 
   With `mesh`, each param is placed in the sharding `rules` give its logical axes, every device's block read from
   disk on its own (`jax.make_array_from_callback`); without, on the default device. Weights are cast to `dtype`
-  (float32 or bfloat16) whatever their float dtype on disk (an integer tensor is refused). `max_seq_len` defaults to
-  max_position_embeddings."""
+  (float32 or bfloat16) whatever their float dtype on disk (an integer tensor is refused; a GGUF's quantized tensors
+  are dequantized to float32 first). `max_seq_len` defaults to max_position_embeddings (a GGUF's context_length)."""
+  if dtype not in _NP_DTYPES:
+    raise HFCheckpointError(f"load_pretrained: dtype={dtype!r} is not supported (choose float32 or bfloat16)")
+  from scalerl_jax.model.gguf import gguf_path
+  g = gguf_path(path)
+  if g is not None:
+    return _load_gguf(g, dtype, mesh, rules, max_seq_len)
   d = pathlib.Path(path)
   if not d.is_dir():
     raise HFCheckpointError(f"{d}: no such checkpoint directory")
-  if dtype not in _NP_DTYPES:
-    raise HFCheckpointError(f"load_pretrained: dtype={dtype!r} is not supported (choose float32 or bfloat16)")
   hf = _read_json(d / "config.json")
   cfg = hf_model_config(d / "config.json", dtype=dtype, max_seq_len=max_seq_len)
   policy = make_policy(cfg)
@@ -508,11 +559,6 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", mesh: Op
       hint = " (a shared expert with a sigmoid gate, Qwen2-MoE's shared_expert / shared_expert_gate, is not supported)"
     raise HFCheckpointError(f"{d}: unexpected tensor(s) this {hf['model_type']} config does not use: {shown}{hint}")
   leaves = jax.tree_util.tree_flatten_with_path(policy.param_shapes)[0]
-  if mesh is None:
-    shardings = [SingleDeviceSharding(jax.devices()[0]) for _ in leaves]
-  else:
-    shardings = jax.tree.leaves(logical_to_sharding(policy.logical_axes, policy.param_shapes, mesh, rules),
-                                is_leaf=lambda x: isinstance(x, NamedSharding))
   index = d / "model.safetensors.index.json"
   handles: dict[pathlib.Path, Any] = {}
   try:
@@ -540,11 +586,9 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", mesh: Op
                                   f"({', '.join(_FLOAT_DTYPES)}); quantized checkpoints are not supported")
         sources.append((handles[f], f, name))
       specs.append((spec, sources))
-    out = [jax.make_array_from_callback(shape.shape, sharding, _block_reader(sources, spec, _NP_DTYPES[dtype]))
-           for (_, shape), sharding, (spec, sources) in zip(leaves, shardings, specs)]
+    params = _place(policy, specs, dtype, mesh, rules)
   finally:
     for h in handles.values():
       h.__exit__(None, None, None)
-  params = jax.tree.unflatten(jax.tree.structure(policy.param_shapes), out)
   ids = special_ids(d, _token_lookup(d), vocab=(cfg.vocab_size, f"the embedding ({d / 'config.json'} vocab_size)"))
   return Pretrained(policy, params, cfg, d, ids.bos_id, ids.eos_ids, ids.pad_id)

@@ -169,7 +169,7 @@ def _check_source(cfg: ModelConfig, source: dict, where: pathlib.Path) -> None:
 
 def export_pretrained(params: Any, model_cfg: ModelConfig, out_dir: str | os.PathLike, *, dtype: str = "float32",
                       family: Optional[str] = None, source_dir: Optional[str | os.PathLike] = None,
-                      max_shard_bytes: int = MAX_SHARD_BYTES) -> pathlib.Path:
+                      max_shard_bytes: int = MAX_SHARD_BYTES, source_config: Optional[dict] = None) -> pathlib.Path:
   """Write `params` (the tree `make_policy(model_cfg).param_shapes` describes; host or device arrays, sharded or
   not) as a Hugging Face checkpoint directory `out_dir` that transformers and `load_pretrained` read.
 
@@ -177,7 +177,9 @@ def export_pretrained(params: Any, model_cfg: ModelConfig, out_dir: str | os.Pat
   dtype on disk. `source_dir`: the checkpoint the params were imported from; its tokenizer files are copied.
   Weights go into model.safetensors, or model-0000i-of-0000N.safetensors + model.safetensors.index.json past
   `max_shard_bytes`, every file with the mode the umask gives. `out_dir` may not be (or hold) `source_dir`.
-  Each tensor is gathered to host numpy on its own; process 0 writes. Returns `out_dir`."""
+  `source_config`: the source's config.json as a dict when there is no source_dir (a GGUF file's metadata,
+  model/gguf_convert.py), used as source_dir's would be. Each tensor is gathered to host numpy on its own; process 0
+  writes. Returns `out_dir`."""
   dtype = export_dtype(dtype)
   out = pathlib.Path(out_dir)
   source, src = {}, None
@@ -188,13 +190,17 @@ def export_pretrained(params: Any, model_cfg: ModelConfig, out_dir: str | os.Pat
     check_out_dir(out, {"the source checkpoint": src})
     source = _read_json(src / "config.json")
     _check_source(model_cfg, source, src / "config.json")
+  elif source_config is not None:
+    source = dict(source_config)
+    _check_source(model_cfg, source, "source_config")
   if family is None:
     if not source:
       raise HFExportError(f"the Hugging Face family is unknown: pass family= ({', '.join(FAMILIES + MOE_FAMILIES)}) "
                           "or source_dir=")
     family = source.get("model_type")
   elif source and source.get("model_type") != family:
-    raise HFExportError(f"family={family!r} but {src / 'config.json'} has model_type={source.get('model_type')!r}")
+    raise HFExportError(f"family={family!r} but {src / 'config.json' if src else 'source_config'} has "
+                        f"model_type={source.get('model_type')!r}")
   config = hf_config(model_cfg, family, dtype=dtype, source=source)
   names = hf_name_map(model_cfg, family)
   leaves = jax.tree_util.tree_flatten_with_path(params)[0]
