@@ -305,7 +305,7 @@ class WarmStartConfig:
 class PipelineConfig(_Choices):
   mode: PipelineMode = "pipeline"  # PipelineRL-k | PPO-off-policy-k | the synchronous reference loop
   max_lag: int = 0  # k (0 on 2 shared CPU cores; the 8B recipe uses 8)
-  steps: int = 500
+  steps: int = 300
   eval_every: int = 10
   eval_samples: int = 4  # n in mean@n
   eval_temperature: float = 1.0
