@@ -6,6 +6,8 @@ A row maps to a `Record` through three configurable fields (dotted paths reach i
 id is a hash of the prompt and answer, so it is stable across runs and machines; a repeated row gets "-2", "-3", ...
 appended. A repeated explicit id is a bad row.
 
+JSONL may be gzipped (.jsonl.gz).
+
 A bad row (not UTF-8, not valid JSON, not an object, a missing or empty field, a wrong type, a non-finite number, a
 string with lone surrogates) raises a DataError naming the file, the line (JSONL) or row (Parquet, 1-based) and the
 field; with `data.skip_bad_rows` it is skipped and counted instead: `ReadResult.skipped` of `ReadResult.rows`, the
@@ -17,11 +19,13 @@ always errors. A UTF-8 byte-order mark at the start of a JSONL file is accepted.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import hashlib
 import json
 import logging
 import math
 import pathlib
+import zlib
 from typing import Any, Iterator
 
 from scalerl_jax.errors import UserError
@@ -159,9 +163,12 @@ def _parquet_rows(path: pathlib.Path, fields: tuple[str, ...]) -> Iterator[tuple
 def _rows(path: pathlib.Path, fields: tuple[str, ...]) -> Iterator[tuple[str, Any]]:
   """(location, row or the DataError that made the row unreadable)."""
   suffix = path.suffix.lower()
+  gzipped = suffix == ".gz"
+  if gzipped:
+    suffix = pathlib.Path(path.stem).suffix.lower()
   if suffix in (".jsonl", ".json", ".ndjson"):
     try:
-      with path.open("rb") as f:
+      with (gzip.open(path, "rb") if gzipped else path.open("rb")) as f:
         for lineno, raw in enumerate(f, start=1):
           if not raw.strip():
             continue
@@ -170,12 +177,13 @@ def _rows(path: pathlib.Path, fields: tuple[str, ...]) -> Iterator[tuple[str, An
           except DataError as exc:
             row = exc
           yield f"{path}:line {lineno}", row
-    except OSError as exc:
-      raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
-  elif suffix in (".parquet", ".pq"):
+    except (OSError, EOFError, zlib.error) as exc:  # gzip: BadGzipFile (an OSError), a truncated or damaged stream
+      raise DataError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+  elif suffix in (".parquet", ".pq") and not gzipped:
     yield from _parquet_rows(path, fields)
   else:
-    raise DataError(f"{path}: unknown data format {suffix!r} (expected .jsonl or .parquet)")
+    shown = "".join(path.suffixes[-2:]) if gzipped else path.suffix
+    raise DataError(f"{path}: unknown data format {shown!r} (expected .jsonl, .jsonl.gz or .parquet)")
 
 
 TASKS = ("math", "code")  # the values a row's task field may hold
