@@ -107,6 +107,28 @@ def test_duplicate_explicit_id_and_unknown_format(tmp_path):
     read_records(tmp_path / "missing.jsonl")
 
 
+def test_gzipped_jsonl(tmp_path):
+  import gzip
+
+  rows = [{"prompt": "1+1?", "answer": "2"}, {"prompt": "2+2?", "answer": "4"}]
+  path = tmp_path / "d.jsonl.gz"
+  path.write_bytes(gzip.compress(b"".join(json.dumps(r).encode() + b"\n" for r in rows)))
+  assert [r.answer for r in read_records(path).records] == ["2", "4"]
+  path.write_bytes(gzip.compress(b"not json\n"))
+  with pytest.raises(DataError, match=r"d\.jsonl\.gz:line 1: not valid JSON"):
+    read_records(path)
+  path.write_bytes(gzip.compress(json.dumps(rows[0]).encode() * 50)[:40])  # cut short
+  with pytest.raises(DataError, match=r"d\.jsonl\.gz: cannot read \(Compressed file ended"):
+    read_records(path)
+  path.write_text("plain text, not gzip\n")
+  with pytest.raises(DataError, match=r"d\.jsonl\.gz: cannot read \(Not a gzipped file"):
+    read_records(path)
+  other = tmp_path / "d.csv.gz"
+  other.write_bytes(gzip.compress(b"prompt,answer\n"))
+  with pytest.raises(DataError, match=r"unknown data format '\.csv\.gz'"):
+    read_records(other)
+
+
 @pytest.mark.parametrize("raw, message", [
     ('{"prompt": "caf\xe9", "answer": "1"}\n'.encode("latin-1"), "line 2: not UTF-8 text (byte 0xe9"),
     (b'{"prompt": "a", "answer": ' + b"9" * 5000 + b"}\n", "line 2: not valid JSON (Exceeds the limit"),

@@ -6,6 +6,9 @@ A row maps to a `Record` through three configurable fields (dotted paths reach i
 id is a hash of the prompt and answer, so it is stable across runs and machines; a repeated row gets "-2", "-3", ...
 appended. A repeated explicit id is a bad row.
 
+A file whose first row holds HumanEval's fields (task_id, prompt, entry_point, test) is read as HumanEval: every
+row a code problem, the field mapping unused (data/humaneval.py). JSONL may be gzipped (.jsonl.gz).
+
 A bad row (not UTF-8, not valid JSON, not an object, a missing or empty field, a wrong type, a non-finite number, a
 string with lone surrogates) raises a DataError naming the file, the line (JSONL) or row (Parquet, 1-based) and the
 field; with `data.skip_bad_rows` it is skipped and counted instead: `ReadResult.skipped` of `ReadResult.rows`, the
@@ -17,11 +20,13 @@ always errors. A UTF-8 byte-order mark at the start of a JSONL file is accepted.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import hashlib
 import json
 import logging
 import math
 import pathlib
+import zlib
 from typing import Any, Iterator
 
 from scalerl_jax.errors import UserError
@@ -148,6 +153,10 @@ def _parquet_rows(path: pathlib.Path, fields: tuple[str, ...]) -> Iterator[tuple
     reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
     raise DataError(f"{path}: cannot read Parquet ({reason})") from None
   columns = table.column_names
+  from scalerl_jax.data import humaneval  # imports this module: here, not at the top
+
+  if set(humaneval.FIELDS) <= set(columns):
+    fields = ()  # a HumanEval-format file: the field mapping does not apply
   for field in fields:
     if field and field.split(".")[0] not in columns:
       shown = ", ".join(_short(c, 40) for c in columns[:12]) + (", ..." if len(columns) > 12 else "")
@@ -159,9 +168,12 @@ def _parquet_rows(path: pathlib.Path, fields: tuple[str, ...]) -> Iterator[tuple
 def _rows(path: pathlib.Path, fields: tuple[str, ...]) -> Iterator[tuple[str, Any]]:
   """(location, row or the DataError that made the row unreadable)."""
   suffix = path.suffix.lower()
+  gzipped = suffix == ".gz"
+  if gzipped:
+    suffix = pathlib.Path(path.stem).suffix.lower()
   if suffix in (".jsonl", ".json", ".ndjson"):
     try:
-      with path.open("rb") as f:
+      with (gzip.open(path, "rb") if gzipped else path.open("rb")) as f:
         for lineno, raw in enumerate(f, start=1):
           if not raw.strip():
             continue
@@ -170,12 +182,13 @@ def _rows(path: pathlib.Path, fields: tuple[str, ...]) -> Iterator[tuple[str, An
           except DataError as exc:
             row = exc
           yield f"{path}:line {lineno}", row
-    except OSError as exc:
-      raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
-  elif suffix in (".parquet", ".pq"):
+    except (OSError, EOFError, zlib.error) as exc:  # gzip: BadGzipFile (an OSError), a truncated or damaged stream
+      raise DataError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+  elif suffix in (".parquet", ".pq") and not gzipped:
     yield from _parquet_rows(path, fields)
   else:
-    raise DataError(f"{path}: unknown data format {suffix!r} (expected .jsonl or .parquet)")
+    shown = "".join(path.suffixes[-2:]) if gzipped else path.suffix
+    raise DataError(f"{path}: unknown data format {shown!r} (expected .jsonl, .jsonl.gz or .parquet)")
 
 
 TASKS = ("math", "code")  # the values a row's task field may hold
@@ -211,7 +224,10 @@ def read_records(path: str | pathlib.Path, *, prompt_field: str = "prompt", answ
                  id_field: str = "", skip_bad_rows: bool = False, max_errors: int = 5,
                  task_field: str = "") -> ReadResult:
   """All rows of one JSONL or Parquet file as Records, in file order. With `task_field`, each row's task (math
-  when the field is absent) is read too, and a code row's answer is its tests (a JSON object)."""
+  when the field is absent) is read too, and a code row's answer is its tests (a JSON object). A HumanEval-format
+  file (its first row decides) gives code records (data/humaneval.py)."""
+  from scalerl_jax.data import humaneval
+
   path = pathlib.Path(path).expanduser()
   if not path.is_file():
     raise DataError(f"data.path: no such file {path}")
@@ -220,11 +236,24 @@ def read_records(path: str | pathlib.Path, *, prompt_field: str = "prompt", answ
   skipped = 0
   seen: dict[str, int] = {}
   rows = 0
+  is_humaneval = None  # decided by the first row that is an object
   for where, row in _rows(path, (prompt_field, answer_field, id_field)):
     rows += 1
     try:
       if isinstance(row, Exception):
         raise row
+      if is_humaneval is None:
+        is_humaneval = humaneval.is_humaneval(row)
+        if is_humaneval:
+          log.info("%s: HumanEval format (its first row has %s): every row a code problem, its id the task_id",
+                   path, ", ".join(humaneval.FIELDS))
+      if is_humaneval:
+        pid, text, answer = humaneval.parts(row)
+        if pid in seen:
+          raise DataError(f"HumanEval field 'task_id': duplicate id {_short(pid)}")
+        seen[pid] = 1
+        records.append(Record(pid, text, answer, where, "code"))
+        continue
       text = _text(_field(row, prompt_field), prompt_field, "prompt", allow_numbers=False, row=row)
       task = _task(row, task_field) if task_field else ""
       if task == "code":

@@ -8,6 +8,10 @@
                                                  newline added (HumanEval-style: the prompt's signature and
                                                  docstring, the completion's body; or "def f(x):return " and an
                                                  expression)
+     "program": "marker",                        optional, default "marker": where the program is when the
+                                                 completion has no fenced block: "marker" (the text after the
+                                                 last sandbox.marker) or "completion" (the whole completion: it
+                                                 continues the starter, as a HumanEval body does)
      "stdio": [["1 2\\n", "3\\n"], ...],          optional: [stdin, expected stdout] pairs, one run each
      "asserts": ["assert add(1, 2) == 3", ...]}  optional: Python statements, one test each, run after the program
 
@@ -16,7 +20,8 @@ runner scores that call as failed and counts it under reward/errors: the item is
 
 The program: the last fenced block (```, ```python, ```py or ```python3; blocks of other languages are skipped) in
 the completion; without one, the text after the last `sandbox.marker` up to the end-of-sequence '$' (when
-present). None, or only whitespace: the failure reward, cause "no_program". Each test is one fresh sandboxed run
+present), or with "program": "completion" the whole completion (a final '$' dropped; not cut at a marker, which
+Python code may hold: '|' is an operator). None, or only whitespace: the failure reward, cause "no_program". Each test is one fresh sandboxed run
 with the per-test limits of the `sandbox` config group:
   - stdio: `starter + program` runs as the main script with the test's stdin; it passes when the run ends with
     cause ok (exit status 0 within every limit) and its stdout equals the expected output after stripping trailing
@@ -56,7 +61,8 @@ CAUSES = ("ok", "wrong_answer", "exited_early", "no_program")  # besides the san
 EOS = "$"  # the character tokenizer's end of sequence (data/tokenizer.py EOS_CHAR; not imported: workers stay light)
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
 _PYTHON_TAGS = ("", "python", "py", "python3")
-_KEYS = ("starter", "stdio", "asserts")
+_KEYS = ("starter", "program", "stdio", "asserts")
+_PROGRAMS = ("marker", "completion")  # the "program" key's values
 
 _HARNESS = '''\
 def _scalerl_tests(program, test):
@@ -92,6 +98,7 @@ class Tests:
   starter: str
   stdio: tuple[tuple[str, str], ...]
   asserts: tuple[str, ...]
+  program: str = "marker"  # without a fenced block: the text after the marker, or the whole "completion"
 
   def __len__(self) -> int:
     return len(self.stdio) + len(self.asserts)
@@ -112,6 +119,9 @@ def parse_tests(answer: str) -> Tests:
   starter = spec.get("starter", "")
   if not isinstance(starter, str):
     raise ValueError("code answer: 'starter' must be a string")
+  program = spec.get("program", "marker")
+  if program not in _PROGRAMS:
+    raise ValueError(f"code answer: 'program' must be one of {', '.join(map(repr, _PROGRAMS))}, got {program!r}")
   stdio = spec.get("stdio", [])
   if not isinstance(stdio, list) or not all(
       isinstance(t, list) and len(t) == 2 and all(isinstance(x, str) for x in t) for t in stdio):
@@ -119,17 +129,20 @@ def parse_tests(answer: str) -> Tests:
   asserts = spec.get("asserts", [])
   if not isinstance(asserts, list) or not all(isinstance(t, str) for t in asserts):
     raise ValueError("code answer: 'asserts' must be a list of strings (Python statements)")
-  tests = Tests(starter, tuple((i, o) for i, o in stdio), tuple(asserts))
+  tests = Tests(starter, tuple((i, o) for i, o in stdio), tuple(asserts), program)
   if not len(tests):
     raise ValueError("code answer has no tests: give 'stdio' pairs and/or 'asserts'")
   return tests
 
 
-def extract_program(completion: str, marker: str) -> Optional[str]:
-  """The last fenced Python block; else the text after the last `marker` (up to '$'); None when there is none."""
+def extract_program(completion: str, marker: str, whole: bool = False) -> Optional[str]:
+  """The last fenced Python block; else the text after the last `marker` (up to '$'), or with `whole` the whole
+  completion (a final '$' dropped); None when there is none."""
   blocks = [body for tag, body in _FENCE.findall(completion) if tag.lower() in _PYTHON_TAGS]
   if blocks:
     program = blocks[-1]
+  elif whole:
+    program = completion[:-len(EOS)] if completion.endswith(EOS) else completion
   else:
     text = completion.split(EOS, 1)[0]
     if not marker or marker not in text:
@@ -168,7 +181,7 @@ def code_reward(completion: str, answer: str) -> Scored:
   test passed."""
   tests = parse_tests(answer)
   sandbox = _current()
-  program = extract_program(completion, sandbox.cfg.marker)
+  program = extract_program(completion, sandbox.cfg.marker, whole=tests.program == "completion")
   if program is None:
     return Scored(0.0, "no_program", success=False)
   source = tests.starter + program
