@@ -45,8 +45,8 @@ def run_study(spec, *, dry_run: bool = False, progress: bool = True) -> list[dic
   records = []
   bar = None
   if progress and not dry_run:
-    from tqdm.auto import tqdm
-    bar = tqdm(total=len(runs), desc=f"study {spec.name}", unit="run")
+    from scalerl_jax.logs import progress_bar
+    bar = progress_bar(len(runs), f"study {spec.name}", "run")
   for run in runs:
     done = run_finished(run, spec.steps)
     status = "finished" if done else ("resumes" if (run.run_dir / "checkpoints").is_dir() else "new")

@@ -115,8 +115,8 @@ def warm_start(cfg: RunConfig, policy: Policy, layout: Layout, task, tokenizer,
   t0, pass_rate, history = time.perf_counter(), 0.0, []
   bar = None
   if progress:
-    from tqdm.auto import tqdm
-    bar = tqdm(total=ws.max_steps, desc="warm start (supervised)", unit="step", leave=False)
+    from scalerl_jax.logs import progress_bar
+    bar = progress_bar(ws.max_steps, "warm start (supervised)", "step", leave=False)
   step = 0
   for step in range(1, ws.max_steps + 1):
     idx = rng.choice(len(tokens_all), ws.batch_size, replace=False)
