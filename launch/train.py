@@ -9,7 +9,8 @@ With no arguments it runs the embedded CPU default (configs/cpu_default.yaml): a
 built-in addition task, then the ScaleRL recipe with PipelineRL-k, held-out evaluation, checkpoints, logs and a
 scaling-curve fit at the end. Overrides may come before, between or after the flags. A user error (config, data,
 tokenizer, mesh, reward, resume, run directory) prints as `train.py: error: ...` and exits 2, whichever thread
-raised it; anything else is a bug and keeps its traceback.
+raised it; anything else is a bug and keeps its traceback. SIGTERM or Ctrl-C stops the run within seconds
+(pipeline/interrupts.py) and exits 143 / 130; a second one exits at once with one line.
 """
 
 import argparse
@@ -194,9 +195,12 @@ def main(argv=None) -> int:
       stop_peers(traceback.format_exc(), 1)  # the others must not wait on this process in a collective
       raise
     fail(str(cause))
-  except KeyboardInterrupt:  # a second Ctrl-C while a checkpoint was not being written
-    stop_peers(f"{PROG}: interrupted\n", 130)
-    raise
+  except KeyboardInterrupt as exc:  # a second signal (Aborted), or Ctrl-C before the handlers were on: one line
+    code = getattr(exc, "exit_code", 130)
+    text = f"{PROG}: {exc or 'interrupted'}\n"
+    stop_peers(text, code)
+    sys.stderr.write(text)
+    raise SystemExit(code) from None
   if main_process:
     print(final_report(cfg, summary))
   return job.exit_code
