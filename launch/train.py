@@ -19,6 +19,7 @@ import os
 import pathlib
 import shutil
 import sys
+import tempfile
 import traceback
 from typing import Optional
 
@@ -83,6 +84,21 @@ def _previous_run(run_dir: pathlib.Path) -> list[str]:
   return found
 
 
+def _unwritable(run_dir: pathlib.Path) -> Optional[str]:
+  """Why the run could not write run_dir or its checkpoints/ folder, found now with a real file rather than at the
+  first checkpoint (a read-only mount, permissions, a file where the folder belongs); None when it can."""
+  ckpt = run_dir / "checkpoints"
+  if ckpt.exists() and not ckpt.is_dir():
+    return f"run_dir {run_dir}: checkpoints is a file; the run keeps its checkpoints in a folder of that name"
+  for folder in (run_dir, ckpt) if ckpt.is_dir() else (run_dir,):
+    try:
+      with tempfile.TemporaryFile(dir=folder):
+        pass
+    except OSError as exc:
+      return f"run_dir {run_dir}: cannot write in {folder} ({exc.strerror or exc})"
+  return None
+
+
 def prepare_run_dir(cfg, overwrite: bool) -> Optional[str]:
   """Checks and creates cfg.run_dir before the job is built; returns a one-line error, or None when fine.
 
@@ -95,6 +111,9 @@ def prepare_run_dir(cfg, overwrite: bool) -> Optional[str]:
     run_dir.mkdir(parents=True, exist_ok=True)
   except OSError as exc:
     return f"run_dir {run_dir}: cannot create it ({exc.strerror or exc})"
+  problem = _unwritable(run_dir)
+  if problem:
+    return problem
   previous = _previous_run(run_dir)
   if not previous:
     return None
