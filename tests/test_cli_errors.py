@@ -294,3 +294,35 @@ def test_a_checkpoint_write_that_fails_on_the_disk_is_one_line(tmp_path):
   line = _one_line_error(proc, "train.py")
   assert line == (f"train.py: error: checkpoint 2 could not be written to {run_dir / 'checkpoints'} (File too "
                   "large); no earlier checkpoint exists")
+
+
+def _rows_file(tmp_path):
+  rows = tmp_path / "rows.jsonl"
+  rows.write_text("".join(json.dumps({"prompt": f"{i} + 1", "answer": str(i + 1)}) + "\n" for i in range(20)))
+  return rows
+
+
+def _file_task_error(*overrides) -> str:
+  from scalerl_jax.data.sources import DataError
+  from scalerl_jax.data.tasks import make_task
+  with pytest.raises(DataError) as info:
+    make_task(load_config(None, ["data.task=file", *overrides]).data)
+  return str(info.value)
+
+
+def test_a_missing_eval_path_is_named_as_data_eval_path(tmp_path):
+  missing = tmp_path / "held_out.jsonl"
+  assert _file_task_error(f"data.path={_rows_file(tmp_path)}", f"data.eval_path={missing}") == \
+      f"data.eval_path: no such file {missing}"
+
+
+@pytest.mark.parametrize("key", ["path", "eval_path"])
+def test_a_directory_given_as_a_data_file_says_so(tmp_path, key):
+  overrides = {"path": _rows_file(tmp_path), key: tmp_path}
+  assert _file_task_error(*(f"data.{k}={v}" for k, v in overrides.items())) == \
+      f"data.{key}: {tmp_path} is a directory; give one .jsonl or .parquet file"
+
+
+def test_a_directory_given_as_config_says_so(fake_job, tmp_path, capsys):
+  assert _main_error(capsys, ["--config", str(tmp_path)]) == (
+      f"train.py: error: config file {tmp_path} is a directory; give a YAML file (e.g. configs/cpu_default.yaml)\n")
