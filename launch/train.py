@@ -9,7 +9,8 @@ With no arguments it runs the embedded CPU default (configs/cpu_default.yaml): a
 built-in addition task, then the ScaleRL recipe with PipelineRL-k, held-out evaluation, checkpoints, logs and a
 scaling-curve fit at the end. Overrides may come before, between or after the flags. A user error (config, data,
 tokenizer, mesh, reward, resume, run directory) prints as `train.py: error: ...` and exits 2, whichever thread
-raised it; anything else is a bug and keeps its traceback.
+raised it; anything else is a bug and keeps its traceback. SIGTERM or Ctrl-C stops the run within seconds
+(pipeline/interrupts.py) and exits 143 / 130; a second one exits at once with one line.
 """
 
 import argparse
@@ -18,6 +19,7 @@ import os
 import pathlib
 import shutil
 import sys
+import tempfile
 import traceback
 from typing import Optional
 
@@ -82,6 +84,21 @@ def _previous_run(run_dir: pathlib.Path) -> list[str]:
   return found
 
 
+def _unwritable(run_dir: pathlib.Path) -> Optional[str]:
+  """Why the run could not write run_dir or its checkpoints/ folder, found now with a real file rather than at the
+  first checkpoint (a read-only mount, permissions, a file where the folder belongs); None when it can."""
+  ckpt = run_dir / "checkpoints"
+  if ckpt.exists() and not ckpt.is_dir():
+    return f"run_dir {run_dir}: checkpoints is a file; the run keeps its checkpoints in a folder of that name"
+  for folder in (run_dir, ckpt) if ckpt.is_dir() else (run_dir,):
+    try:
+      with tempfile.TemporaryFile(dir=folder):
+        pass
+    except OSError as exc:
+      return f"run_dir {run_dir}: cannot write in {folder} ({exc.strerror or exc})"
+  return None
+
+
 def prepare_run_dir(cfg, overwrite: bool) -> Optional[str]:
   """Checks and creates cfg.run_dir before the job is built; returns a one-line error, or None when fine.
 
@@ -94,6 +111,9 @@ def prepare_run_dir(cfg, overwrite: bool) -> Optional[str]:
     run_dir.mkdir(parents=True, exist_ok=True)
   except OSError as exc:
     return f"run_dir {run_dir}: cannot create it ({exc.strerror or exc})"
+  problem = _unwritable(run_dir)
+  if problem:
+    return problem
   previous = _previous_run(run_dir)
   if not previous:
     return None
@@ -194,9 +214,12 @@ def main(argv=None) -> int:
       stop_peers(traceback.format_exc(), 1)  # the others must not wait on this process in a collective
       raise
     fail(str(cause))
-  except KeyboardInterrupt:  # a second Ctrl-C while a checkpoint was not being written
-    stop_peers(f"{PROG}: interrupted\n", 130)
-    raise
+  except KeyboardInterrupt as exc:  # a second signal (Aborted), or Ctrl-C before the handlers were on: one line
+    code = getattr(exc, "exit_code", 130)
+    text = f"{PROG}: {exc or 'interrupted'}\n"
+    stop_peers(text, code)
+    sys.stderr.write(text)
+    raise SystemExit(code) from None
   if main_process:
     print(final_report(cfg, summary))
   return job.exit_code

@@ -4,7 +4,9 @@ Off unless the environment variable SCALERL_FAULTS is set, and then a dictionary
 comma-separated list of `NAME@N` (SIGKILL this process the N-th time `point(NAME)` is reached) or
 `NAME@N+MS` (the N-th time, arm a timer that SIGKILLs it MS milliseconds later, wherever it then is: a kill *during*
 the work that follows the point, e.g. inside a checkpoint write), or `NAME@N!` (the N-th time, raise
-InjectedFault there: a bug in that place, as the multi-process tests need). A test chooses N and MS from a seed.
+InjectedFault there: a bug in that place, as the multi-process tests need), or `NAME@N~` (the N-th time, print
+`failpoint NAME holding` to stderr and sleep there for good: a phase that never ends by itself, where a test sends
+its signals). A test chooses N and MS from a seed.
 
 The points (grep `faults.point`): warm_start_step, rollout_step, train_step, weight_sync, checkpoint_save,
 evaluate, step_end.
@@ -15,9 +17,12 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import sys
 import threading
+import time
 
 ENV = "SCALERL_FAULTS"
+RAISE, HOLD = -1.0, -2.0
 
 
 class InjectedFault(RuntimeError):
@@ -25,12 +30,12 @@ class InjectedFault(RuntimeError):
 
 
 def _parse(spec: str) -> dict[str, tuple[int, float]]:
-  """{name: (count, delay in s)}; delay -1 = raise instead of kill."""
+  """{name: (count, delay in s)}; delay RAISE = raise instead of kill, HOLD = sleep for good."""
   out = {}
   for item in filter(None, (s.strip() for s in spec.split(","))):
     name, _, when = item.partition("@")
-    if when.endswith("!"):
-      out[name] = (int(when[:-1] or 1), -1.0)
+    if when.endswith(("!", "~")):
+      out[name] = (int(when[:-1] or 1), RAISE if when.endswith("!") else HOLD)
       continue
     count, _, delay = when.partition("+")
     out[name] = (int(count or 1), float(delay) / 1000.0 if delay else 0.0)
@@ -56,8 +61,13 @@ def point(name: str) -> None:
   count, delay = _PLAN[name]
   if hit != count:
     return
-  if delay < 0:
+  if delay == RAISE:
     raise InjectedFault(f"failpoint {name} (hit {hit}, {ENV})")
+  if delay == HOLD:
+    sys.stderr.write(f"failpoint {name} holding (hit {hit}, {ENV})\n")
+    sys.stderr.flush()
+    while True:  # signal handlers run between the sleeps (and may raise out of here)
+      time.sleep(0.1)
   if delay == 0:
     _kill()
   timer = threading.Timer(delay, _kill)

@@ -234,3 +234,95 @@ def test_final_report_names_skipped_bad_rows(tmp_path):
                                           + "\n")
   cfg = load_config(None, [f"run_dir={tmp_path}", "data.task=file", "data.path=rows.jsonl"])
   assert "data: 68 of 80 rows of rows.jsonl skipped as bad (data.skip_bad_rows=true" in final_report(cfg, {})
+
+
+# ---- run directories that cannot be written, a full disk, messages that name the right thing ------------------
+
+def test_a_run_dir_whose_checkpoints_folder_is_a_file_is_refused_up_front(fake_job, tmp_path, capsys):
+  run_dir = tmp_path / "run"
+  run_dir.mkdir()
+  (run_dir / "checkpoints").write_text("a file where the run keeps its checkpoints")
+  assert _main_error(capsys, [f"run_dir={run_dir}"]) == (
+      f"train.py: error: run_dir {run_dir}: checkpoints is a file; the run keeps its checkpoints in a folder of that "
+      "name\n")
+  assert not fake_job.built  # (today's code trained up to the first checkpoint, then failed)
+
+
+def test_a_read_only_run_dir_is_refused_up_front(fake_job, tmp_path, capsys):
+  """Root ignores file permissions, so the read-only case needs a read-only mount (root can make one; skipped
+  elsewhere). Before: a 23-line orbax traceback when the job made run_dir/checkpoints."""
+  run_dir = tmp_path / "ro"
+  run_dir.mkdir()
+  if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(run_dir)],
+                                         capture_output=True).returncode != 0:
+    pytest.skip("a read-only mount needs root")
+  try:
+    assert _main_error(capsys, [f"run_dir={run_dir}"]) == (
+        f"train.py: error: run_dir {run_dir}: cannot write in {run_dir} (Read-only file system)\n")
+    assert not fake_job.built
+  finally:
+    subprocess.run(["umount", "-l", str(run_dir)], check=False)
+
+
+_FULL_DISK = """
+import os, resource, runpy, signal, sys
+from scalerl_jax.train import checkpoint
+save = checkpoint.RunCheckpointer.save
+def save_on_a_full_disk(self, *args, **kwargs):  # every file write past 8 KiB fails (EFBIG), tensorstore's too
+  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+  limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+  resource.setrlimit(resource.RLIMIT_FSIZE, (8192, limits[1]))
+  try:
+    return save(self, *args, **kwargs)
+  finally:
+    resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+checkpoint.RunCheckpointer.save = save_on_a_full_disk
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_checkpoint_write_that_fails_on_the_disk_is_one_line(tmp_path):
+  """orbax's writer threads each log their failure with a traceback through absl (288 lines here before): held back,
+  so the CheckpointError's one line is all the user sees."""
+  from tests.fault_helpers import child_env
+  from tests.pipeline_helpers import TINY
+  run_dir = tmp_path / "run"
+  proc = subprocess.run([sys.executable, "-c", _FULL_DISK, str(TRAIN), f"run_dir={run_dir}", *TINY,
+                         "pipeline.steps=2"], capture_output=True, text=True, cwd=tmp_path, env=child_env(None),
+                        timeout=600)  # (stderr a pipe: the file-size limit does not apply to it)
+  line = _one_line_error(proc, "train.py")
+  assert line == (f"train.py: error: checkpoint 2 could not be written to {run_dir / 'checkpoints'} (File too "
+                  "large); no earlier checkpoint exists")
+
+
+def _rows_file(tmp_path):
+  rows = tmp_path / "rows.jsonl"
+  rows.write_text("".join(json.dumps({"prompt": f"{i} + 1", "answer": str(i + 1)}) + "\n" for i in range(20)))
+  return rows
+
+
+def _file_task_error(*overrides) -> str:
+  from scalerl_jax.data.sources import DataError
+  from scalerl_jax.data.tasks import make_task
+  with pytest.raises(DataError) as info:
+    make_task(load_config(None, ["data.task=file", *overrides]).data)
+  return str(info.value)
+
+
+def test_a_missing_eval_path_is_named_as_data_eval_path(tmp_path):
+  missing = tmp_path / "held_out.jsonl"
+  assert _file_task_error(f"data.path={_rows_file(tmp_path)}", f"data.eval_path={missing}") == \
+      f"data.eval_path: no such file {missing}"
+
+
+@pytest.mark.parametrize("key", ["path", "eval_path"])
+def test_a_directory_given_as_a_data_file_says_so(tmp_path, key):
+  overrides = {"path": _rows_file(tmp_path), key: tmp_path}
+  assert _file_task_error(*(f"data.{k}={v}" for k, v in overrides.items())) == \
+      f"data.{key}: {tmp_path} is a directory; give one .jsonl or .parquet file"
+
+
+def test_a_directory_given_as_config_says_so(fake_job, tmp_path, capsys):
+  assert _main_error(capsys, ["--config", str(tmp_path)]) == (
+      f"train.py: error: config file {tmp_path} is a directory; give a YAML file (e.g. configs/cpu_default.yaml)\n")

@@ -68,3 +68,18 @@ def test_the_advisor_gets_the_step_its_record_is_written_with(tmp_path):
   logger.close()
   row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
   assert seen == [row["step"]] == [5]
+
+
+def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(capsys, caplog):
+  """A log file gets a few plain lines, not tqdm's `\\r` redraws (150 KB of them for the CPU default's run)."""
+  from scalerl_jax.pipeline.sinks import ProgressBar
+  assert not __import__("sys").stderr.isatty()  # (capsys: stderr is a buffer, as when it goes to a file)
+  with caplog.at_level(logging.INFO, logger="scalerl_jax.progress"):
+    bar = ProgressBar(True, 40, 0, "RL (pipeline)")
+    for step in range(25):
+      bar.update({"train/reward_mean": 0.5, **({"eval/pass_rate": 0.25} if step % 10 == 9 else {})})
+    bar.close()
+  assert "\r" not in capsys.readouterr().err
+  lines = [r.getMessage() for r in caplog.records if r.name == "scalerl_jax.progress"]
+  assert lines[0] == "RL (pipeline): 4/40 steps (reward=0.500)" and lines[-1].startswith("RL (pipeline): 25/40 steps")
+  assert len(lines) == 7  # one per tenth of the total, and the last one at close

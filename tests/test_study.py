@@ -197,3 +197,56 @@ def test_the_report_leaves_out_unfinished_runs_and_says_so(study_report, tmp_pat
   out = study.report(spec2, num_warmup=200, num_samples=300, plot=False)
   assert out["unfinished"] == {"high": [1]} and out["recipes"][0]["seeds"] == 1
   assert "Unfinished runs (left out): high: seeds [1]" in (partial / "study_report.md").read_text()
+
+
+def test_a_typo_in_a_recipe_stops_the_study_when_it_loads(tmp_path, capsys):
+  """Every run's whole config is checked before the first run (and by --dry-run), naming the file, run and key."""
+  from launch.study import main
+  path = _write_study(tmp_path, {"a": {}, "b": {"overrides": ["optimizer.lrr=1e-2"]}}, steps=2)
+  assert main([str(path), "--dry-run"]) == 2
+  err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+  assert len(err) == 1 and err[0].startswith(f"study.py: error: {path}: run b/seed0: optimizer.lrr"), err
+  assert not (tmp_path / "s").exists()  # nothing ran
+
+
+def test_a_signal_stops_the_study_after_its_run_checkpoints(tmp_path):
+  """SIGTERM to the study: passed on to the run in progress, which checkpoints at its next step boundary and exits;
+  then the study stops (exit 143) and prints the command that continues it."""
+  import os
+  import signal
+  import subprocess
+  import sys
+  import time
+  from tests.fault_helpers import child_env, jsonl
+
+  common = [*TINY, "pipeline.eval_every=0", "checkpoint.every_steps=100000"]
+  path = _write_study(tmp_path, {"a": {}}, steps=100000, overrides=common)
+  run_dir = tmp_path / "s" / "a" / "seed0"
+  err_path = tmp_path / "stderr.txt"
+  with open(err_path, "wb") as err:
+    proc = subprocess.Popen([sys.executable, str(ROOT / "launch" / "study.py"), str(path), "--no-plot"], cwd=tmp_path,
+                            env=child_env(None), stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
+  try:
+    hang_guard = time.time() + 600  # only so that a broken run fails instead of hanging the suite
+    while len(jsonl(run_dir / "consumed_prompts.jsonl")) < 2:  # the run is a few steps in
+      assert proc.poll() is None and time.time() < hang_guard, err_path.read_text()[-3000:]
+      time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=300)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+    info = run_dir / ".run.lock.json"  # a run the study left behind (it must not): its pid
+    if info.exists():
+      try:
+        os.kill(json.loads(info.read_text())["pid"], signal.SIGKILL)
+      except (ProcessLookupError, ValueError, KeyError):
+        pass
+  err = err_path.read_text()
+  consumed = len(jsonl(run_dir / "consumed_prompts.jsonl"))
+  assert code == 143, err[-3000:]
+  assert (f"study.py: study stopped by SIGTERM: run a/seed0 stopped (exit 143; its latest checkpoint is step "
+          f"{consumed}); continue the study with: python ") in err, err[-3000:]
+  assert err.rstrip().endswith(f"launch/study.py {path} --no-plot"), err[-500:]
+  assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()) == [consumed]
+  assert not (run_dir / ".run.lock.json").exists()  # the run has ended

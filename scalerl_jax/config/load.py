@@ -32,6 +32,8 @@ def _file_chain(path: Optional[str | pathlib.Path]) -> list[pathlib.Path]:
   chain: list[pathlib.Path] = []
   while path is not None:
     path = pathlib.Path(path)
+    if path.is_dir():
+      raise ConfigError(f"config file {path} is a directory; give a YAML file (e.g. configs/cpu_default.yaml)")
     if not path.is_file():
       raise ConfigError(f"config file not found: {path}")
     if path.resolve() in [p.resolve() for p in chain]:

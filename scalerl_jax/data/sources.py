@@ -222,15 +222,18 @@ def _code_tests(value: Any, field: str) -> str:
 
 def read_records(path: str | pathlib.Path, *, prompt_field: str = "prompt", answer_field: str = "answer",
                  id_field: str = "", skip_bad_rows: bool = False, max_errors: int = 5,
-                 task_field: str = "") -> ReadResult:
+                 task_field: str = "", key: str = "data.path") -> ReadResult:
   """All rows of one JSONL or Parquet file as Records, in file order. With `task_field`, each row's task (math
   when the field is absent) is read too, and a code row's answer is its tests (a JSON object). A HumanEval-format
-  file (its first row decides) gives code records (data/humaneval.py)."""
+  file (its first row decides) gives code records (data/humaneval.py). `key`: the config key that named the file
+  (data.path, data.eval_path), for the messages."""
   from scalerl_jax.data import humaneval
 
   path = pathlib.Path(path).expanduser()
+  if path.is_dir():
+    raise DataError(f"{key}: {path} is a directory; give one .jsonl, .jsonl.gz or .parquet file")
   if not path.is_file():
-    raise DataError(f"data.path: no such file {path}")
+    raise DataError(f"{key}: no such file {path}")
   records: list[Record] = []
   errors: list[str] = []
   skipped = 0

@@ -324,7 +324,7 @@ class FileTask:
     if cfg.eval_path:  # the held-out split has its own file: every training row trains
       held_out = read_records(cfg.eval_path, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
                               id_field=cfg.id_field, skip_bad_rows=cfg.skip_bad_rows,
-                              task_field=cfg.task_field).records
+                              task_field=cfg.task_field, key="data.eval_path").records
       self._eval, train = held_out[:cfg.num_eval], records
     else:
       if len(records) <= cfg.num_eval:

@@ -23,19 +23,23 @@ class Evaluator:
 
   Several processes share the work with `shard=(i, m)` and `gather` (every evaluating process's record, in process
   order: a collective among them): process i scores prompts i, i + m, ... with the random streams those prompts
-  have in a one-process run, and every process gets the metrics of the whole set."""
+  have in a one-process run, and every process gets the metrics of the whole set.
+
+  `between` is called before every decode step and may raise to abandon the evaluation (the job's stop check: a
+  signal must not wait for a whole evaluation)."""
 
   def __init__(self, driver, tokenizer, rewards, prompts: Sequence[types.Prompt], n: int, temperature: float,
-               seed: int, shard: tuple[int, int] = (0, 1), gather: Optional[Callable[[Any], list]] = None):
+               seed: int, shard: tuple[int, int] = (0, 1), gather: Optional[Callable[[Any], list]] = None,
+               between: Optional[Callable[[], None]] = None):
     self.driver, self.tokenizer, self.rewards, self.seed = driver, tokenizer, rewards, seed
     self.prompts, self.n, self.temperature = list(prompts), n, temperature  # fixed at start, never trained on
-    self.shard, self.gather = shard, gather
+    self.shard, self.gather, self.between = shard, gather, between
 
   def correctness(self, params: Any, version: int, prompts: Sequence[types.Prompt], n: int,
                   sampling: SamplingParams, uid_stride: int = 1, uid_offset: int = 0) -> np.ndarray:
     """bool[P, n]: which samples of each prompt succeeded."""
     groups = self.driver.generate_all(params, version, prompts, n, sampling=sampling, seed=self.seed,
-                                      uid_stride=uid_stride, uid_offset=uid_offset)
+                                      uid_stride=uid_stride, uid_offset=uid_offset, between=self.between)
     scored = self.rewards.score_groups(groups, self.tokenizer.decode)
     self._failures += sum(g.reward_failures for g in scored)
     return np.stack([g.success for g in scored]) if scored else np.zeros((0, n), bool)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
 import pathlib
 import threading
@@ -48,7 +49,7 @@ from scalerl_jax.pipeline.batching import build_train_batch, compact_groups, gro
 from scalerl_jax.pipeline.compute import ComputeMeter
 from scalerl_jax.pipeline.data_cursor import DataCursor
 from scalerl_jax.pipeline.held_out import Evaluator
-from scalerl_jax.pipeline.interrupts import Interrupts
+from scalerl_jax.pipeline.interrupts import Interrupts, Stopped
 from scalerl_jax.pipeline.orchestrator import (AdmissionPolicy, BatchBuffer, GeneratorStats, GeneratorThread,
                                                PipelineError, run_pipeline, run_synchronous)
 from scalerl_jax.pipeline.sinks import MetricsLogger, ProgressBar
@@ -75,6 +76,7 @@ class RLJob:
       cfg = validate(dataclasses.replace(cfg, model=dataclasses.replace(
           arch, pretrained=m.pretrained, fp32_lm_head=m.fp32_lm_head)))
     self.cfg, d, r = cfg, cfg.data, cfg.rollout
+    self._interrupt = Interrupts()  # SIGINT / SIGTERM: the stop flag every long phase checks (interrupts.py)
     self.progress = cfg.logging.progress if progress is None else progress
     self.run_dir = pathlib.Path(cfg.run_dir)
     try:
@@ -116,7 +118,10 @@ class RLJob:
                                p.eval_samples, p.eval_temperature, seed=cfg.seed + 1,
                                shard=(topo.trainers.index(topo.process_index), len(topo.trainers))
                                if topo.trains else (0, 1),
-                               gather=lambda record: distributed.allgather(record, topo.trainers))
+                               gather=lambda record: distributed.allgather(record, topo.trainers),
+                               # one trainer process: an evaluation stops between decode steps at a signal (with
+                               # several, each one's share ends at a different step; they stop at the step's end)
+                               between=self._raise_if_stopped if len(topo.trainers) == 1 else None)
     # loss -> update
     self.optimizer = make_optimizer(cfg.optimizer)
     self.state_sh = state_shardings(self.policy, self.optimizer, self.trainer_layout)
@@ -150,7 +155,6 @@ class RLJob:
     self.start_step = self.version = 0
     self.sync: Optional[WeightSync] = None
     self.log: Optional[step_metrics.StepLog] = None  # holds the last step's metrics, read one step late
-    self._interrupt = Interrupts()  # SIGINT / SIGTERM: checkpoint at the next step boundary, then stop
     self._last_eval_step = -1
     self._skipped_in_a_row = 0  # steps whose update was not applied (non-finite loss or gradient)
     self._generator: Optional[GeneratorThread] = None
@@ -232,15 +236,25 @@ class RLJob:
         params = load_pretrained(m.pretrained, dtype=m.param_dtype, mesh=self.trainer_layout.mesh,
                                  rules=self.trainer_layout.rules, max_seq_len=m.max_seq_len).params
       elif self.cfg.warm_start.enabled and self.cfg.data.task != "file":
+        stop = self._stop_now
+        if len(self.topology.trainers) > 1:  # a vote is a collective that waits for the step: at validations only
+          every, calls = self.cfg.warm_start.eval_every, itertools.count(1)
+          stop = lambda: next(calls) % every == 0 and self._stop_now()  # noqa: E731
         params, info = warm_start(self.cfg, self.policy, self.trainer_layout, self.task, self.tokenizer,
-                                  progress=self.progress and self.is_main)
+                                  progress=self.progress and self.is_main, stop=stop)
         self.summary.update(info)
+        if info.get("warm_start/stopped"):
+          n = info["warm_start/steps"]
+          raise Stopped(f"during the warm start ({n} supervised step{'s' * (n != 1)} taken, not cached: the next "
+                        "start warms up afresh)")
       self.state = init_train_state(self.policy, self.optimizer, self.trainer_layout, self.cfg.seed, params)
       if self.is_main:
         (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
     self.version = self.start_step
     # samples of batch b draw from keys derived from their admission number: continue the numbering on resume
     self.driver.first_uid = self.start_step * self._prompts_here
+    if self._stop_now():  # a compilation cannot be interrupted: do not start one after a signal
+      raise Stopped("before compiling the train step")
     self._step_for(self.buckets[-1])  # the whole batch's step compiles here, before the loop
     warm_prepare(self.shapes, self.cfg.loss)
     every = self.cfg.logging.every_process
@@ -312,15 +326,13 @@ class RLJob:
                                    time.perf_counter() - t0 - compile_s + wait_s, wait_s), self._gen_stats)
     self.meter.train_busy_s += time.perf_counter() - t0 - compile_s
     self.log.logger.write_prompts(step, list(packed.prompt_ids))
-    if self.version == cfg.pipeline.steps or (cfg.pipeline.eval_every and self.version % cfg.pipeline.eval_every == 0):
+    if self._evaluation_due(self.version):
       self._flush(evaluate=True)
     if self.version % cfg.checkpoint.every_steps == 0:
       self._flush()  # the metrics of every step a checkpoint covers are written before it
       self.checkpoint()
     faults.point("step_end")
-    stop = self._interrupt.is_set()
-    if len(self.topology.trainers) > 1:  # a signal that reached some processes stops them all at this step
-      stop = any(distributed.allgather(stop, self.topology.trainers))
+    stop = self._stop_now()  # a signal that reached some processes stops them all at this step
     if self._skipped_in_a_row >= cfg.trainer.max_skipped_steps:
       self._flush()
       if self.ckpt.latest_step() != self.version:  # the params are those before the skipped steps: usable
@@ -331,6 +343,19 @@ class RLJob:
           f"of the last good params at step {self.version}. Lower optimizer.lr, check the rewards (metrics.jsonl "
           f"train/skipped), then resume")
     return not stop
+
+  def _stop_now(self) -> bool:
+    """Whether a signal asked the run to stop; with several trainer processes every one decides the same (a
+    collective: call it at the same point on each)."""
+    stop = self._interrupt.is_set()
+    if len(self.topology.trainers) > 1:
+      stop = any(distributed.allgather(stop, self.topology.trainers))
+    return stop
+
+  def _raise_if_stopped(self) -> None:
+    """An evaluation's check between decode steps (one trainer process only)."""
+    if self._interrupt.is_set():
+      raise Stopped(f"during the evaluation at step {self.version}")
 
   def _interrupted(self) -> bool:
     """The loop's check before each step. Several trainer processes decide together, at the end of each step
@@ -388,16 +413,33 @@ class RLJob:
   def _begin(self) -> None:
     self.setup()
     self.rewards.start()  # the reward workers' start-up is a restart cost, not compute
-    if self.start_step == 0 and self.cfg.pipeline.eval_every:
-      self.log.logger.write(0, {**self.evaluate(), **self.meter.metrics()})  # R0: the curve's starting point
+    # R0, the curve's starting point; on resume, an evaluation a signal cut short at the checkpoint's step
+    if self._evaluation_due(self.start_step) and self._last_eval_step != self.start_step:
+      if self._stop_now():
+        raise Stopped(f"before the step-{self.start_step} evaluation")
+      self.log.logger.write(self.start_step, {**self.evaluate(), **self.meter.metrics()})
     self.meter.start()
 
-  def _finish(self) -> dict:
-    self._flush(evaluate=self._last_eval_step != self.version)
+  def _evaluation_due(self, version: int) -> bool:
+    p = self.cfg.pipeline
+    return version == p.steps or bool(p.eval_every and version % p.eval_every == 0)
+
+  def _finish(self, stopped: Optional[Stopped] = None) -> dict:
+    """The last step's metrics (with an evaluation unless a signal stopped the run), a checkpoint of the steps
+    taken, the summary (naming the signal and where it stopped the run, if one did)."""
+    if self.log is not None:  # (a signal during set-up stops the run before the metrics sinks exist)
+      self._flush(evaluate=self._last_eval_step != self.version and not self._interrupt.is_set())
     if self.version > self.start_step and self.ckpt.latest_step() != self.version:
       self.checkpoint()
-    self.log.close()
+    if self.log is not None:
+      self.log.close()
     self.summary.update({"steps": self.version, "run_dir": str(self.run_dir)})
+    if self._interrupt.is_set():
+      latest = self.ckpt.latest_step() if self.ckpt is not None else None
+      where = f", {stopped}" if stopped is not None else ""
+      self.summary["stopped"] = (
+          f"stopped by {self._interrupt.name} after {self.version} steps{where}; the same command " +
+          (f"resumes from the checkpoint of step {latest}" if latest else "starts the run again"))
     return self.summary
 
   def run(self) -> dict:
@@ -432,19 +474,27 @@ class RLJob:
     """Set up, run `loop`, finish. A user error (a reward batch that failed whole, NPR leaving no prompt,
     non-finite steps), raised here or in the generator thread, stops the run with a checkpoint of the work done."""
     with self._running():
-      self._begin()
       try:
-        with self.meter.count_compilation():
-          loop()
-      except PipelineError as exc:
-        if isinstance(exc.__cause__, UserError) and self._stops_alone:
-          self._stop_on(exc.__cause__)
-        raise
-      except UserError as exc:
-        if not self._stops_alone:  # a failing shard may be on this process only: no collective checkpoint
-          raise
-        self._stop_on(exc)
+        self._begin()
+        self._loop(loop)
+      except Stopped as exc:  # a signal ended a long phase (warm start, evaluation) or came before one
+        if self.topology.disaggregated and jax.process_index() == self.topology.trainers[0]:
+          distributed.request_stop()  # the generators may still wait for the first weights
+        return self._finish(exc)
       return self._finish()
+
+  def _loop(self, loop) -> None:
+    try:
+      with self.meter.count_compilation():
+        loop()
+    except PipelineError as exc:
+      if isinstance(exc.__cause__, UserError) and self._stops_alone:
+        self._stop_on(exc.__cause__)
+      raise
+    except UserError as exc:
+      if not self._stops_alone:  # a failing shard may be on this process only: no collective checkpoint
+        raise
+      self._stop_on(exc)
 
   @property
   def _stops_alone(self) -> bool:

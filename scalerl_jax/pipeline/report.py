@@ -30,6 +30,8 @@ def final_report(cfg: RunConfig, summary: dict) -> str:
   evals = [r for r in rows if r.get("eval/pass_rate") is not None]
   lines = [f"run {run_dir}: {summary.get('steps', 0)} steps ({cfg.pipeline.mode}, k={cfg.pipeline.max_lag}, "
            f"loss={cfg.loss.name}, aggregation={cfg.loss.aggregation}, adv_norm={cfg.loss.adv_norm})"]
+  if summary.get("stopped"):  # a signal: which, where, after how many steps, and how to continue
+    lines.append(summary["stopped"])
   if "warm_start/pass_rate" in summary:
     lines.append(f"warm start: {summary['warm_start/steps']} supervised steps, {summary['warm_start/seconds']:.1f} s, "
                  f"validation P(reference) {summary['warm_start/pass_rate']:.3f}")

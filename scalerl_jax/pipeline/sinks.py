@@ -87,13 +87,14 @@ def _tb_name(key: str) -> str:
 
 
 class ProgressBar:
-  """tqdm over the RL steps, showing the latest reward and held-out pass rate (nothing when disabled)."""
+  """tqdm over the RL steps, showing the latest reward and held-out pass rate (nothing when disabled; plain log
+  lines when stderr is not a terminal: logs.progress_bar)."""
 
   def __init__(self, enabled: bool, total: int, initial: int, desc: str):
     self._bar = None
     if enabled:
-      from tqdm.auto import tqdm
-      self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step")
+      from scalerl_jax.logs import progress_bar
+      self._bar = progress_bar(total, desc, "step", initial=initial)
 
   def update(self, metrics: dict) -> None:
     if self._bar is None:

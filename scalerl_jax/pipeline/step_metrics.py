@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 from scalerl_jax import rl, types
 from scalerl_jax.pipeline.compute import ComputeMeter
+from scalerl_jax.pipeline.interrupts import Stopped
 from scalerl_jax.pipeline.sinks import MetricsLogger, ProgressBar
 from scalerl_jax.train.rl_loss import router_metrics
 
@@ -175,13 +176,19 @@ class StepLog:
     out = finish(record, generator_stats, self._window)
     if self._window is not None:  # added up per step: a resumed run's new generator starts its totals at 0
       self.meter.gen_busy_s += self._window[1]
+    stopped = None
     if evaluate:
-      out.update(self._evaluate())
+      try:
+        out.update(self._evaluate())
+      except Stopped as exc:  # a signal abandoned the evaluation: the step's line is written without it
+        stopped, evaluate = exc, False
     out.update(self.meter.metrics())
     if evaluate and self._advise is not None:
       out.update(self._advise({**out, "step": record.step + 1}))  # (curve_fit.x=steps reads it)
     self.logger.write(record.step + 1, out)
     self.bar.update(out)
+    if stopped is not None:
+      raise stopped
 
   def close(self) -> None:
     self.bar.close()

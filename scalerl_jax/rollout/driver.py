@@ -29,7 +29,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import jax
 import numpy as np
@@ -169,11 +169,12 @@ class RolloutDriver:
 
   def generate_all(self, params: Params, version: int, prompts: Sequence[types.Prompt], n: int,
                    sampling: Optional[SamplingParams] = None, seed: Optional[int] = None,
-                   steps: Optional[int] = None, uid_stride: int = 1,
-                   uid_offset: int = 0) -> list[types.RolloutGroup]:
+                   steps: Optional[int] = None, uid_stride: int = 1, uid_offset: int = 0,
+                   between: Optional[Callable[[], None]] = None) -> list[types.RolloutGroup]:
     """n samples of every prompt (evaluation), in prompt order; sampling, seed and steps default to this
     driver's; prompt i gets uid uid_offset + uid_stride * i (a process's shard of the held-out set keeps each
-    prompt's random stream). Uses its own decode state: in-flight work of this driver is untouched."""
+    prompt's random stream). Uses its own decode state: in-flight work of this driver is untouched. `between` is
+    called before each decode step and may raise to abandon the work (a stop signal)."""
     runner = RolloutDriver(self.engine, seed=self.seed if seed is None else seed, sampling=sampling or self.sampling,
                            steps=steps or self.steps, uid_stride=uid_stride, uid_offset=uid_offset)
     runner._state, self._eval_state = self._eval_state, None  # reuse the idle evaluation decode state
@@ -181,6 +182,8 @@ class RolloutDriver:
       runner.submit(p, n)
     out: list[types.RolloutGroup] = []
     while runner.busy or runner.queued_prompts:
+      if between is not None:
+        between()
       out += runner.step(params, version)
     self.last_eval_stats, self._eval_state = runner.stats, runner._state
     return sorted(out, key=lambda g: g.uid)  # uids grow in submission order

@@ -152,6 +152,20 @@ def load_study(path) -> StudySpec:
                    tuple(overrides), fit, out)
 
 
+def check_configs(spec: StudySpec, path) -> None:
+  """Every run's whole config (base, the study's overrides, the recipe's, seed and steps) loads and validates, so a
+  typo in a recipe stops the study when it loads, naming the file, the run and the key, not when that run starts
+  after hours of others."""
+  from scalerl_jax.config import load_config
+  from scalerl_jax.errors import UserError
+
+  for run in spec.plan():
+    try:
+      load_config(spec.base, list(run.overrides))
+    except UserError as exc:
+      raise StudyError(f"{path}: run {run.recipe}/seed{run.seed}: {exc}") from None
+
+
 def run_finished(run: StudyRun, steps: int) -> bool:
   """Whether the run has logged its last step's evaluation (then the study skips it)."""
   path = run.run_dir / "metrics.jsonl"

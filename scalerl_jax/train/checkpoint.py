@@ -245,6 +245,36 @@ def _quiet_orbax_aftermath() -> None:
   sys.unraisablehook = hook
 
 
+class _OrbaxErrorsHeld(logging.Filter):
+  """While a save runs, what orbax logs at WARNING or above (through absl's logger: each writer thread that fails
+  logs its whole traceback, about 40 lines, and a full disk fails them all) is held back: dropped when the save
+  fails (the CheckpointError says it in one line; the texts go to DEBUG), logged as usual when it succeeds."""
+
+  def __init__(self):
+    super().__init__()
+    self.records: list[logging.LogRecord] = []
+    self.failed = False
+    self._logger = logging.getLogger("absl")
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno >= logging.WARNING and f"{os.sep}orbax{os.sep}" in record.pathname:
+      self.records.append(record)
+      return False
+    return True
+
+  def __enter__(self) -> "_OrbaxErrorsHeld":
+    self._logger.addFilter(self)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._logger.removeFilter(self)
+    for record in self.records:
+      if self.failed:
+        log.debug("orbax, during the failed write: %s", record.getMessage())
+      else:
+        self._logger.handle(record)
+
+
 # ---- the checkpointer ----------------------------------------------------------------------------------
 class RunCheckpointer:
   """Saves and restores whole-run checkpoints in `directory` (one orbax step directory per checkpoint)."""
@@ -293,12 +323,14 @@ class RunCheckpointer:
       # one trainer process among several (disaggregated): it holds the whole state, and orbax takes arrays held
       # by one process only as host-local numpy
       state = jax.device_get(state)
-    try:
-      self._mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                   meta=ocp.args.JsonSave(meta)), force=True)
-      self._mgr.wait_until_finished()
-    except Exception as exc:  # noqa: BLE001 (every write failure becomes one CheckpointError)
-      raise self._save_failed(step, exc) from exc
+    with _OrbaxErrorsHeld() as held:
+      try:
+        self._mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                     meta=ocp.args.JsonSave(meta)), force=True)
+        self._mgr.wait_until_finished()
+      except Exception as exc:  # noqa: BLE001 (every write failure becomes one CheckpointError)
+        held.failed = True
+        raise self._save_failed(step, exc) from exc
 
   def _save_failed(self, step: int, exc: Exception) -> CheckpointError:
     # orbax raises the first failure while its other writer threads may still be writing into the directory

@@ -19,7 +19,7 @@ import json
 import logging
 import pathlib
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -90,9 +90,11 @@ def solution_rows(task, records, tokenizer):
   return supervised_rows(prompts, solutions, -(-longest // 8) * 8, tokenizer.pad_id)
 
 
-def warm_start(cfg: RunConfig, policy: Policy, layout: Layout, task, tokenizer,
-               progress: bool = True) -> tuple[Any, dict]:
-  """Params after the supervised warm start (from the cache when present) and a summary dict."""
+def warm_start(cfg: RunConfig, policy: Policy, layout: Layout, task, tokenizer, progress: bool = True,
+               stop: Callable[[], bool] = lambda: False) -> tuple[Any, dict]:
+  """Params after the supervised warm start (from the cache when present) and a summary dict. `stop` is asked after
+  every step (the run's stop flag: a signal); when it says so the warm start ends there, is not cached (the next
+  start warms up afresh), and the summary holds `warm_start/stopped`."""
   path = cache_path(cfg, task)
   # several processes: use the cache only if every trainer process sees it (they must all take the same branch)
   trainers = sorted({d.process_index for d in layout.mesh.devices.flat})
@@ -113,11 +115,13 @@ def warm_start(cfg: RunConfig, policy: Policy, layout: Layout, task, tokenizer,
                             state_shardings(policy, opt, layout), {"tokens": bsh, "weights": bsh})
   rng = np.random.default_rng(cfg.seed)
   t0, pass_rate, history = time.perf_counter(), 0.0, []
+  log.info("warm start: up to %d supervised steps, until P(reference) on the validation split reaches %.3f",
+           ws.max_steps, ws.target_pass_rate)
   bar = None
   if progress:
-    from tqdm.auto import tqdm
-    bar = tqdm(total=ws.max_steps, desc="warm start (supervised)", unit="step", leave=False)
-  step = 0
+    from scalerl_jax.logs import progress_bar
+    bar = progress_bar(ws.max_steps, "warm start (supervised)", "step", leave=False)
+  step, stopped = 0, False
   for step in range(1, ws.max_steps + 1):
     idx = rng.choice(len(tokens_all), ws.batch_size, replace=False)
     mask = mask_all[idx]
@@ -133,8 +137,15 @@ def warm_start(cfg: RunConfig, policy: Policy, layout: Layout, task, tokenizer,
         bar.set_postfix(loss=f"{float(metrics['loss']):.3f}", pass_rate=f"{pass_rate:.3f}")
       if pass_rate >= ws.target_pass_rate:
         break
+    if stop():
+      stopped = True
+      break
   if bar is not None:
     bar.close()
+  info = {"warm_start/cached": 0.0, "warm_start/steps": step, "warm_start/pass_rate": pass_rate,
+          "warm_start/seconds": time.perf_counter() - t0, "warm_start/path": str(path)}
+  if stopped:  # a partial warm start is not what the cache key promises: never cached
+    return state.params, {**info, "warm_start/stopped": 1.0}
   if pass_rate < ws.target_pass_rate:
     log.warning("warm start reached pass rate %.3f < target %.3f after %d steps", pass_rate, ws.target_pass_rate,
                 ws.max_steps)
@@ -144,5 +155,4 @@ def warm_start(cfg: RunConfig, policy: Policy, layout: Layout, task, tokenizer,
     tmp = path.with_suffix(".tmp")
     save_params(params, tmp)
     tmp.replace(path)
-  return params, {"warm_start/cached": 0.0, "warm_start/steps": step, "warm_start/pass_rate": pass_rate,
-                  "warm_start/seconds": time.perf_counter() - t0, "warm_start/path": str(path)}
+  return params, info
