@@ -320,7 +320,7 @@ def test_a_missing_eval_path_is_named_as_data_eval_path(tmp_path):
 def test_a_directory_given_as_a_data_file_says_so(tmp_path, key):
   overrides = {"path": _rows_file(tmp_path), key: tmp_path}
   assert _file_task_error(*(f"data.{k}={v}" for k, v in overrides.items())) == \
-      f"data.{key}: {tmp_path} is a directory; give one .jsonl or .parquet file"
+      f"data.{key}: {tmp_path} is a directory; give one .jsonl, .jsonl.gz or .parquet file"
 
 
 def test_a_directory_given_as_config_says_so(fake_job, tmp_path, capsys):
