@@ -5,6 +5,7 @@ for a fourth."""
 
 import json
 import pathlib
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +24,24 @@ TINY = ["rollout.max_slots=16", "rollout.max_prefill_len=48", "rollout.prefill_b
         "rollout.interruption.phrase=is", "model.max_seq_len=64",
         "data.prompts_per_step=4", "data.samples_per_prompt=2", "data.num_eval=4", "data.long_prompts=truncate",
         "pipeline.eval_every=2", "pipeline.eval_samples=1", "checkpoint.every_steps=2", "logging.tensorboard=false",
-        "logging.progress=false", "mesh.generator_devices=4", "mesh.spec=data=-1", "mesh.generator_spec=data=-1",
-        f"model.pretrained={QWEN3}", f"data.tokenizer={QWEN3}"]
+        "logging.progress=false", "mesh.generator_devices=4", "mesh.spec=data=-1", "mesh.generator_spec=data=-1"]
+
+
+def thinking_qwen3(dest: pathlib.Path) -> pathlib.Path:
+  """A copy of the Qwen3 fixture whose tokenizer has Qwen3's thinking markers <think> / </think> as added tokens
+  (ids 91, 92 of its 96-row embedding), as the real Qwen3 tokenizer has them: the recipe's end marker is then a
+  token the model writes. The fixture's own tokenizer lacks them, like a non-thinking model's."""
+  shutil.copytree(QWEN3, dest)
+  path = dest / "tokenizer.json"
+  tok = json.loads(path.read_text())
+  tok["added_tokens"] += [dict(id=91 + i, content=c, single_word=False, lstrip=False, rstrip=False, normalized=False,
+                               special=False) for i, c in enumerate(("<think>", "</think>"))]
+  path.write_text(json.dumps(tok))
+  return dest
+
+
+def checkpoint(path: pathlib.Path) -> list[str]:
+  return [f"model.pretrained={path}", f"data.tokenizer={path}"]
 
 
 def _rows(path: pathlib.Path, seed: int) -> pathlib.Path:
@@ -43,6 +60,7 @@ def test_math_hf_recipe_trains_an_imported_checkpoint_and_resumes(tmp_path):
   # tiny budgets (truncated samples would be out of the loss): a reward with variance and truncated samples in the
   # loss, so the gradient is not 0 and the recipe's lr 1e-6 makes real updates
   overrides = [f"run_dir={tmp_path / 'run'}", f"data.path={data}", f"data.eval_path={held_out}", *TINY,
+               *checkpoint(thinking_qwen3(tmp_path / "qwen3")),
                "data.reward_fn=tests.pipeline_helpers.reward_even_length", "loss.exclude_truncated=false"]
   job = RLJob(load_config(ROOT / "configs" / "math_hf.yaml", [*overrides, "pipeline.steps=3"]), progress=False)
   assert job.cfg.model.qk_norm and job.cfg.model.head_dim == 16  # the architecture came from config.json
@@ -98,6 +116,32 @@ def test_a_missing_or_file_checkpoint_path_names_model_pretrained(tmp_path):
   gguf.write_bytes(b"GGUF\x03\x00\x00\x00\xff\xfe\x80")
   with pytest.raises(ConfigError, match=rf"^model\.pretrained: {gguf} is a file, not a checkpoint directory"):
     RLJob(load_config(ROOT / "configs" / "math_hf.yaml", [*run, f"model.pretrained={gguf}"]), progress=False)
+
+
+def test_an_end_marker_the_checkpoint_cannot_write_is_refused_naming_the_key(tmp_path):
+  """math_hf.yaml force-interrupts at '</think>': on a checkpoint whose tokenizer has no such added token and whose
+  chat template never writes it (a non-thinking model, as the fixture's own tokenizer is), nearly every sample would
+  be cut; refused, naming rollout.interruption.end_marker and the way out. A Qwen3-style tokenizer with </think>,
+  a chat template that writes the marker, and interruption off all pass."""
+  from scalerl_jax.config import validate_with_tokenizer
+  from scalerl_jax.data.tokenizer import make_tokenizer
+
+  run = [f"run_dir={tmp_path / 'run'}", f"data.path={_rows(tmp_path / 'train.jsonl', seed=0)}", *TINY]
+  with pytest.raises(ConfigError, match=r"^rollout\.interruption\.end_marker: '</think>' is not a token of "
+                                        r"data\.tokenizer=.*qwen3 .* set rollout\.interruption\.enabled=false"):
+    RLJob(load_config(ROOT / "configs" / "math_hf.yaml", [*run, *checkpoint(QWEN3)]), progress=False)
+
+  def check(path: pathlib.Path, *overrides: str) -> None:  # what RLJob checks, with the checkpoint's architecture
+    cfg = load_config(ROOT / "configs" / "math_hf.yaml", [*run, *checkpoint(path), "model.vocab_size=96",
+                                                          *overrides])
+    validate_with_tokenizer(cfg, make_tokenizer(cfg.data, vocab_size=96))
+
+  check(QWEN3, "rollout.interruption.enabled=false")
+  check(thinking_qwen3(tmp_path / "thinking"))
+  templated = shutil.copytree(QWEN3, tmp_path / "templated")
+  (templated / "chat_template.jinja").write_text((QWEN3 / "chat_template.jinja").read_text().replace(
+      "<|im_start|>assistant\n", "<|im_start|>assistant\n<think>\n\n</think>\n\n"))
+  check(templated)
 
 
 def test_the_default_config_with_a_checkpoint_refuses_the_character_tokenizer(tmp_path):
