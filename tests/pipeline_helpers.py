@@ -35,6 +35,12 @@ def reward_digit_one(completion: str, answer: str) -> float:
   return float("1" in completion[:3])
 
 
+def reward_even_length(completion: str, answer: str) -> float:
+  """A reward any text earns about half the time (the tiny Hugging Face fixtures cannot write digits, so
+  math-verify scores every sample alike and the loss is zero)."""
+  return float(len(completion) % 2 == 0)
+
+
 def _pause_if_past_step(run_dir: str, step: str) -> None:
   prompts = pathlib.Path(run_dir) / "consumed_prompts.jsonl"
   lines = prompts.read_text().splitlines() if prompts.exists() else []

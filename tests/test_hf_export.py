@@ -317,19 +317,17 @@ def test_weights_are_written_with_the_mode_of_the_other_files(loaded, tmp_path):
 
 
 def test_export_after_real_rl_steps_reads_back_as_the_trained_params(tmp_path, capsys, monkeypatch):
-  """configs/math_hf.yaml trains the imported qwen3 fixture for two RL steps (a checkpoint at step 2), from relative
-  model.pretrained / data.tokenizer paths; from another working directory, export.py with no flags (family and
-  tokenizer from the run's model.pretrained) writes the step-2 params, and a resume from the run's config.yaml
-  trains step 3 (config.yaml holds the paths absolute)."""
-  import shutil
-
+  """configs/math_hf.yaml trains the imported qwen3 fixture (with Qwen3's </think> token) for two RL steps (a
+  checkpoint at step 2), from relative model.pretrained / data.tokenizer paths; from another working directory,
+  export.py with no flags (family and tokenizer from the run's model.pretrained) writes the step-2 params, and a
+  resume from the run's config.yaml trains step 3 (config.yaml holds the paths absolute)."""
   from scalerl_jax.config import load_config
   from scalerl_jax.pipeline.job import RLJob
-  from tests.test_math_hf import QWEN3, ROOT as REPO, TINY, _rows
+  from tests.test_math_hf import ROOT as REPO, TINY, _rows, thinking_qwen3
 
   data, held_out = _rows(tmp_path / "train.jsonl", seed=0), _rows(tmp_path / "eval.jsonl", seed=1)
   run, work, elsewhere = tmp_path / "run", tmp_path / "work", tmp_path / "elsewhere"
-  shutil.copytree(QWEN3, work / "ckpt")
+  thinking_qwen3(work / "ckpt")
   elsewhere.mkdir()
   monkeypatch.chdir(work)
   job = RLJob(load_config(REPO / "configs" / "math_hf.yaml", [f"run_dir={run}", f"data.path={data}",

@@ -152,13 +152,15 @@ def _floats(cfg: Any, prefix: str = "") -> list[tuple[str, float]]:
 
 def validate_with_tokenizer(cfg: RunConfig, tokenizer) -> None:
   """The checks that need the run's tokenizer (built from data.tokenizer): the model's vocabulary holds it, it is
-  model.pretrained's own (_check_pretrained_tokenizer), and the interruption budget (thinking + the phrase's tokens
-  + answer) fits rollout.max_new_tokens."""
+  model.pretrained's own (_check_pretrained_tokenizer), the pretrained model can write the end-of-thinking marker
+  (_check_end_marker), and the interruption budget (thinking + the phrase's tokens + answer) fits
+  rollout.max_new_tokens."""
   if tokenizer.vocab_size > cfg.model.vocab_size:
     raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} is smaller than the tokenizer's "
                       f"{tokenizer.vocab_size} tokens")
   if cfg.model.pretrained:
     _check_pretrained_tokenizer(cfg, tokenizer)
+    _check_end_marker(cfg, tokenizer)
   r, it = cfg.rollout, cfg.rollout.interruption
   phrase = len(tokenizer.encode(it.phrase))
   if it.enabled and it.think_budget_max + phrase + it.answer_budget > r.max_new_tokens:
@@ -169,6 +171,29 @@ def validate_with_tokenizer(cfg: RunConfig, tokenizer) -> None:
 
 # a checkpoint directory holding any of these has a tokenizer of its own
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+def _check_end_marker(cfg: RunConfig, tokenizer) -> None:
+  """Forced interruption cuts every sample that has not written rollout.interruption.end_marker within its thinking
+  budget. A pretrained model writes a thinking marker only if it is one of its tokenizer's added tokens (Qwen3's
+  </think>) or its chat template writes it; a non-thinking model (SmolLM2, Llama) never does, and most of its
+  samples were cut. Such a marker is refused, not switched off behind the user's back. (A model trained from
+  scratch or warm-started learns its task's marker; an empty marker interrupts every sample at its budget.)"""
+  from scalerl_jax.data.tokenizer import HFTokenizer
+
+  it = cfg.rollout.interruption
+  marker = it.end_marker.strip()
+  if not it.enabled or not marker or not isinstance(tokenizer, HFTokenizer):
+    return  # the character vocabulary: a checkpoint exported from a built-in task's run, which writes '|'
+  templates = [tokenizer.chat_template, tokenizer.chat.source if tokenizer.chat is not None else ""]
+  if marker in tokenizer.added_tokens() or any(marker in t for t in templates):
+    return
+  raise ConfigError(f"rollout.interruption.end_marker: {it.end_marker!r} is not a token of data.tokenizer="
+                    f"{cfg.data.tokenizer} (not one of its added tokens, as Qwen3's '</think>' is) and its chat "
+                    f"template never writes it: model.pretrained={cfg.model.pretrained} does not end its thinking "
+                    "with it, so forced interruption would cut nearly every sample. For a non-thinking model set "
+                    "rollout.interruption.enabled=false (rollout.max_new_tokens then bounds the completion); for a "
+                    "thinking model set rollout.interruption.end_marker to the marker it writes")
 
 
 def _check_pretrained_tokenizer(cfg: RunConfig, tokenizer) -> None:

@@ -135,6 +135,10 @@ class HFTokenizer:
       raise DataError(f"{self.path}: token {token!r} is not in the vocabulary")
     return tid
 
+  def added_tokens(self) -> frozenset[str]:
+    """tokenizer.json's added tokens: its specials and markers a model writes whole (Qwen3's <think>, </think>)."""
+    return frozenset(t.content for t in self._tok.get_added_tokens_decoder().values())
+
   def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
     """Ids of `text`; `add_special_tokens` runs tokenizer.json's post-processor (e.g. Llama's BOS)."""
     try:

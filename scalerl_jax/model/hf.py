@@ -159,10 +159,11 @@ def _moe_fields(hf: dict, family: str, where: str, num_layers: int) -> dict[str,
 
 
 def hf_model_config(path_or_dict: str | os.PathLike | Mapping, *, dtype: str = "float32",
-                    max_seq_len: Optional[int] = None) -> ModelConfig:
+                    param_dtype: Optional[str] = None, max_seq_len: Optional[int] = None) -> ModelConfig:
   """Our `ModelConfig` for a Hugging Face `config.json` (a checkpoint directory, the file, or its dict), or a GGUF
-  file's metadata (model/gguf.py). `max_seq_len` defaults to `max_position_embeddings`; `dtype` is the param and
-  compute dtype."""
+  file's metadata (model/gguf.py). `max_seq_len` defaults to `max_position_embeddings`; `dtype` is the compute
+  dtype, `param_dtype` (default: `dtype`) the params' and so the optimizer state's (fp32 master weights under bf16
+  compute)."""
   if isinstance(path_or_dict, Mapping):
     hf, where = dict(path_or_dict), "config.json"
   else:
@@ -217,7 +218,7 @@ def hf_model_config(path_or_dict: str | os.PathLike | Mapping, *, dtype: str = "
                             f"num_key_value_heads={fields['num_kv_heads']}")
   fields.setdefault("family", "dense")
   return ModelConfig(qkv_bias=family == "qwen2", qk_norm=family in ("qwen3", "qwen3_moe"), dtype=dtype,
-                     param_dtype=dtype, **fields, **_rope(hf, where))
+                     param_dtype=param_dtype or dtype, **fields, **_rope(hf, where))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -71,8 +71,9 @@ class RLJob:
     cfg = absolute_paths(cfg)  # config.yaml and the checkpoints' fingerprints name the files from any directory
     if cfg.model.pretrained:  # the architecture is the checkpoint's: read it from its config.json
       from scalerl_jax.model.hf import hf_model_config, pretrained_dir
-      m = cfg.model
-      arch = hf_model_config(pretrained_dir(m.pretrained), dtype=m.dtype, max_seq_len=m.max_seq_len)
+      m = cfg.model  # the dtypes stay the user's: params and optimizer state in param_dtype, compute in dtype
+      arch = hf_model_config(pretrained_dir(m.pretrained), dtype=m.dtype, param_dtype=m.param_dtype,
+                             max_seq_len=m.max_seq_len)
       cfg = validate(dataclasses.replace(cfg, model=dataclasses.replace(
           arch, pretrained=m.pretrained, fp32_lm_head=m.fp32_lm_head)))
     self.cfg, d, r = cfg, cfg.data, cfg.rollout
