@@ -34,6 +34,7 @@ def test_defaults_and_overrides(tmp_path):
     (["loss.name=foo"], "loss.name"),
     (["model.num_kv_heads=3"], "model.num_kv_heads"),
     (["trainer.micro_batches=7"], "trainer.micro_batches"),
+    (["trainer.max_step_memory_mb=-1"], "trainer.max_step_memory_mb"),
     (["data.reward_scale=pm2"], "data.reward_scale"),
     (["loss.kl_coef=0.1"], "loss.kl_coef"),
     (["rollout.top_p=0"], "rollout.top_p"),

@@ -149,6 +149,31 @@ def test_an_end_marker_the_checkpoint_cannot_write_is_refused_naming_the_key(tmp
   check(templated)
 
 
+def test_a_train_step_over_trainer_max_step_memory_mb_runs_in_more_micro_batches(tmp_path):
+  """The train step's temporaries grow with a micro-batch's rows, the model and the widths (on the fixture the
+  recipe's own 32 x 8 rows of 512 + 1,024 tokens needed 39 GB in one micro-batch, 9.8 GB with 8 groups kept: a
+  13 GB peak RSS): a step over trainer.max_step_memory_mb runs in the fewest micro-batches of whole groups that fit
+  (here 4 groups of 2 rows of 48 + 256 tokens, on one trainer device: 71 MiB in one, 18 MiB in 4); 0: no limit."""
+  from scalerl_jax.train.state import init_train_state
+  from scalerl_jax.train.step import temp_bytes
+
+  ckpt = thinking_qwen3(tmp_path / "qwen3")
+  base = [f"run_dir={tmp_path / 'run'}", f"data.path={_rows(tmp_path / 'train.jsonl', seed=0)}", *TINY,
+          *checkpoint(ckpt), "rollout.max_new_tokens=256", "model.max_seq_len=320", "mesh.generator_devices=7"]
+
+  def whole_batch_step(budget_mb: int):
+    job = RLJob(load_config(ROOT / "configs" / "math_hf.yaml", [*base, f"trainer.max_step_memory_mb={budget_mb}"]),
+                progress=False)
+    job.state = init_train_state(job.policy, job.optimizer, job.trainer_layout, seed=0)
+    step = job._step_for(4)
+    return job.micro_batches, temp_bytes(step)
+
+  whole, temp = whole_batch_step(0)
+  assert whole == {4: 1} and temp > 32 << 20
+  split, temp = whole_batch_step(32)
+  assert split == {4: 4} and temp <= 32 << 20
+
+
 def test_the_default_config_with_a_checkpoint_refuses_the_character_tokenizer(tmp_path):
   """model.pretrained alone on the default config: data.tokenizer=char would feed the built-in character ids to a
   BPE checkpoint; refused, naming both keys."""

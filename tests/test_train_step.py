@@ -13,7 +13,7 @@ from scalerl_jax.mesh import TRAIN_RULES, Layout, batch_sharding, make_mesh
 from scalerl_jax.model import Policy, next_token_loss
 from scalerl_jax.train.rl_loss import PromptLayout, make_rl_loss
 from scalerl_jax.train.state import init_train_state, make_optimizer, state_shardings
-from scalerl_jax.train.step import make_train_step, split_micro_batches
+from scalerl_jax.train.step import make_train_step, micro_batches_within, split_micro_batches
 from scalerl_jax.types import TrainBatch
 from tests.model_helpers import rl_batch
 
@@ -85,6 +85,17 @@ def test_split_micro_batches_keeps_groups_whole():
   np.testing.assert_array_equal(split_micro_batches(rows, 2, block=3), [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9, 10, 11]])
   with pytest.raises(ValueError, match="whole 4-row groups"):
     split_micro_batches(rows, 2, block=4)
+
+
+def test_micro_batches_within_a_memory_budget():
+  """Temporaries scale with a micro-batch's rows: the fewest micro-batches of whole groups (a multiple of the least
+  count, dividing the groups) whose share fits; one group each when none does; no budget or a fit: the least."""
+  MiB = 1 << 20
+  assert micro_batches_within(32, 1, 39157 * MiB, 4096 * MiB) == 16  # needs >= 9.6: 16 is the next divisor of 32
+  assert micro_batches_within(8, 1, 9789 * MiB, 4096 * MiB) == 4  # >= 2.4 -> 4
+  assert micro_batches_within(12, 2, 10 * MiB, 4 * MiB) == 6  # 2 * 10 / 4 = 5 -> 6 (multiples of 2: 2, 4, 6, 12)
+  assert micro_batches_within(4, 1, 100 * MiB, 1 * MiB) == 4  # nothing fits: one group per micro-batch
+  assert micro_batches_within(32, 1, 39157 * MiB, 0) == 1 == micro_batches_within(32, 1, 3 * MiB, 4 * MiB)
 
 
 def test_shared_prompt_rl_step_equals_full_rows_sharded_and_micro_batched():

@@ -273,6 +273,11 @@ class OptimizerConfig:
 class TrainerConfig:
   """How the trainer computes one optimizer step (the objective is `loss`, the update `optimizer`)."""
   micro_batches: int = 1  # the step batch runs in this many slices of whole groups (gradients accumulated)
+  # XLA's temporaries of a compiled train step (activations, attention scores, logits: they grow with the rows of a
+  # micro-batch, the model and the batch widths), in MiB per device (on CPU: of all the host's trainer devices): a
+  # step that needs more runs in more micro-batches of whole groups (the fewest that fit, a multiple of
+  # micro_batches; same loss and gradient), recompiled once. 0: no limit.
+  max_step_memory_mb: int = 4096
   # Groups the filters removed (zero variance: every sample scored the same) carry no loss and no gradient, and
   # are not run through the model: the step batch is cut to the smallest of this many sizes (about
   # prompts_per_step * j / batch_buckets groups, j = 1..batch_buckets) that holds the kept groups. Same loss,

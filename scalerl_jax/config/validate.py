@@ -112,6 +112,7 @@ def validate(cfg: RunConfig) -> RunConfig:
   need(p.steps > 0, "pipeline.steps", "must be positive")
   need(cfg.trainer.micro_batches > 0 and d.prompts_per_step % cfg.trainer.micro_batches == 0,
        "trainer.micro_batches", f"must divide data.prompts_per_step={d.prompts_per_step}")
+  need(cfg.trainer.max_step_memory_mb >= 0, "trainer.max_step_memory_mb", "must be >= 0 (0: no limit)")
   need(cfg.mesh.cpu_devices >= 0, "mesh.cpu_devices", "must be >= 0 (0: jax's default CPU device count)")
   need(cfg.trainer.batch_buckets >= 1, "trainer.batch_buckets", "must be >= 1 (1: always the whole batch)")
   need(p.eval_samples > 0, "pipeline.eval_samples", "must be positive")

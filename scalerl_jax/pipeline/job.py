@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import logging
 import math
 import pathlib
 import threading
@@ -61,8 +62,10 @@ from scalerl_jax.train.checkpoint import ResumeError, RunCheckpointer, config_fi
 from scalerl_jax.train.rl_loss import PromptLayout, make_rl_loss
 from scalerl_jax.train.run_lock import RunLock
 from scalerl_jax.train.state import TrainState, init_train_state, make_optimizer, restore_target, state_shardings
-from scalerl_jax.train.step import NonFiniteError, make_train_step
+from scalerl_jax.train.step import NonFiniteError, make_train_step, micro_batches_within, temp_bytes
 from scalerl_jax.train.warmstart import warm_start
+
+log = logging.getLogger(__name__)
 
 
 class RLJob:
@@ -130,11 +133,7 @@ class RLJob:
         rows=self.trainer_layout.batch(1, s.global_B), tokens=self.trainer_layout.batch(2, s.global_B),
         routes=self.trainer_layout.batch(4, s.global_B) if self.engine.routes_Xk else None)
     self.prompt_layout = PromptLayout(s.G, s.L, s.N) if cfg.trainer.shared_prompt else None
-    loss_fn = make_rl_loss(self.policy, cfg.loss, r.temperature, self.prompt_layout, replay=r.routing_replay,
-                           micro_batches=cfg.trainer.micro_batches)
-    self.train_step = make_train_step(loss_fn, self.optimizer, cfg.trainer.micro_batches, self.state_sh, self.batch_sh,
-                                      metrics_init=rl.empty_metrics, metrics_combine=rl.accumulate_metrics,
-                                      micro_batch_block=s.G if self.prompt_layout else 1)
+    self._train_steps: dict[int, Callable] = {}  # the jitted train step per micro-batch count
     # the group counts a step batch may be cut to (trainer.batch_buckets): whole micro-batches of whole groups,
     # rows a multiple of the batch's shards; an MoE policy always trains on the whole batch
     shards = s.global_B // self.batch_sh.tokens.shard_shape((s.global_B, s.T))[0]
@@ -142,6 +141,7 @@ class RLJob:
     self.buckets = (group_buckets(s.global_B // s.G, cfg.trainer.batch_buckets, unit)
                     if not cfg.model.moe_layers else (s.global_B // s.G,))
     self._step_fns: dict[int, Callable] = {}  # compiled train step per group count
+    self.micro_batches: dict[int, int] = {}  # its micro-batch count per group count (trainer.max_step_memory_mb)
     self._flops_per_token = lambda backward: flops_per_token(cfg.model, s.T // 2, backward=backward)
     self.admission = AdmissionPolicy.from_config(cfg.pipeline.mode, cfg.pipeline.max_lag)
     self.ckpt = (RunCheckpointer(self.run_dir / "checkpoints", cfg.checkpoint.keep,
@@ -178,13 +178,43 @@ class RLJob:
     shared-prompt loss)."""
     return self.prompt_layout.trained_tokens(rows) if self.prompt_layout else rows * self.shapes.T
 
+  def _train_step(self, micro_batches: int) -> Callable:
+    """The jitted train step over `micro_batches` micro-batches of whole groups."""
+    if micro_batches not in self._train_steps:
+      cfg, r = self.cfg, self.cfg.rollout
+      loss_fn = make_rl_loss(self.policy, cfg.loss, r.temperature, self.prompt_layout, replay=r.routing_replay,
+                             micro_batches=micro_batches)
+      self._train_steps[micro_batches] = make_train_step(
+          loss_fn, self.optimizer, micro_batches, self.state_sh, self.batch_sh, metrics_init=rl.empty_metrics,
+          metrics_combine=rl.accumulate_metrics, micro_batch_block=self.shapes.G if self.prompt_layout else 1)
+    return self._train_steps[micro_batches]
+
   def _step_for(self, groups: int) -> Callable:
     """The train step compiled for a batch of `groups` groups (the whole batch's is compiled in setup; a smaller
-    bucket's on its first use, its compile time excluded from compute like any compilation)."""
+    bucket's on its first use, its compile time excluded from compute like any compilation). It runs in
+    trainer.micro_batches micro-batches unless XLA's temporaries for them, which grow with the model, the rows and
+    the widths (rollout.max_prefill_len + max_new_tokens), exceed trainer.max_step_memory_mb: then in the fewest
+    that fit (recompiled; math_hf.yaml's 32 x 8 rows of 1,536 tokens needed 39 GB in one on the tiny Qwen3)."""
     if groups not in self._step_fns:
       abstract = types.TrainBatch.abstract(groups * self.shapes.G, self.shapes.T, self.batch_sh, self.engine.routes_Xk)
-      self._step_fns[groups] = self.train_step.lower(self.state, abstract).compile()
+      budget, m = self.cfg.trainer.max_step_memory_mb << 20, self.cfg.trainer.micro_batches
+      compiled = self._train_step(m).lower(self.state, abstract).compile()
+      fit = micro_batches_within(groups, m, self._step_memory(compiled), budget)
+      if fit != m:
+        log.info("train step of %d groups: %d MiB of temporaries in %d micro-batch(es) > trainer.max_step_memory_mb"
+                 "=%d: %d micro-batches", groups, self._step_memory(compiled) >> 20, m, budget >> 20, fit)
+        m, compiled = fit, self._train_step(fit).lower(self.state, abstract).compile()
+      if budget and self._step_memory(compiled) > budget:
+        log.warning("train step of %d groups: %d MiB of temporaries in %d micro-batches, above "
+                    "trainer.max_step_memory_mb=%d", groups, self._step_memory(compiled) >> 20, m, budget >> 20)
+      self._step_fns[groups], self.micro_batches[groups] = compiled, m
     return self._step_fns[groups]
+
+  def _step_memory(self, compiled) -> int:
+    """Bytes of XLA temporaries a compiled step needs per device; on CPU, whose devices share the host's memory,
+    on all of this process's trainer devices."""
+    mesh = self.trainer_layout.mesh
+    return temp_bytes(compiled) * (len(mesh.local_devices) if mesh.devices.flat[0].platform == "cpu" else 1)
 
   # ---- set-up ------------------------------------------------------------------------------------------
   def setup(self) -> None:

@@ -38,6 +38,23 @@ def split_micro_batches(batch: Any, num: int, block: int = 1) -> Any:
   return jax.tree.map(split, batch)
 
 
+def temp_bytes(compiled) -> int:
+  """XLA's temporaries of a compiled step, in bytes (0 where the backend does not say)."""
+  stats = compiled.memory_analysis()
+  return 0 if stats is None else int(stats.temp_size_in_bytes)
+
+
+def micro_batches_within(groups: int, least: int, temp: int, budget: int) -> int:
+  """The micro-batch count for a step of `groups` groups whose compile with `least` micro-batches needs `temp`
+  bytes of temporaries: `least` when that fits `budget` (or there is none), else the fewest micro-batches of whole
+  groups (a multiple of `least` dividing `groups`) that would fit, the temporaries scaling with a micro-batch's
+  rows; one group per micro-batch when none does."""
+  if not budget or temp <= budget:
+    return least
+  counts = [m for m in range(least, groups + 1, least) if groups % m == 0]
+  return next((m for m in counts if m * budget >= temp * least), counts[-1])
+
+
 def _add(a, b):
   return jax.tree.map(lambda x, y: x + y.astype(jnp.float32), a, b)
 
