@@ -4,6 +4,7 @@ run directory holds (metrics, consumed prompts, every checkpoint restored read-o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -209,3 +210,18 @@ def choose_fault(phase: str, plan: Plan, rng: random.Random) -> str:
   if delay == 0:
     return f"{point}@{hit}"
   return f"{point}@{hit}+{delay},step_end@{step_end_hit}"
+
+
+@contextlib.contextmanager
+def tmpfs(path: pathlib.Path, options: str):
+  """A tmpfs mounted at `path` (made here) with mount `options` (`size=2m`, `size=1m,ro`) while inside; the test
+  is skipped where none can be mounted (mounting needs root)."""
+  import pytest
+  path.mkdir()
+  if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                                         capture_output=True).returncode != 0:
+    pytest.skip("mounting a tmpfs needs root")
+  try:
+    yield path
+  finally:
+    subprocess.run(["umount", "-l", str(path)], check=False)

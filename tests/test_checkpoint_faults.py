@@ -34,6 +34,7 @@ from scalerl_jax.model import make_policy
 from scalerl_jax.train import checkpoint as ckpt_lib
 from scalerl_jax.train.checkpoint import CheckpointError, ResumeError, RunCheckpointer, config_fingerprint
 from scalerl_jax.train.state import init_train_state, make_optimizer, restore_target, state_shardings
+from tests.fault_helpers import tmpfs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TINY = ModelConfig(vocab_size=32, hidden=32, intermediate=64, num_layers=1, num_heads=2, num_kv_heads=2, head_dim=16,
@@ -256,12 +257,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint_and_says_so(failure, ckdir
 
 def test_a_full_tmpfs_keeps_the_previous_checkpoint(saved, tmp_path):
   """The real thing where a tmpfs can be mounted (root): the disk fills up in the middle of the write."""
-  disk = tmp_path / "disk"
-  disk.mkdir()
-  if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
-                                         capture_output=True).returncode != 0:
-    pytest.skip("mounting a tmpfs needs root")
-  try:
+  with tmpfs(tmp_path / "disk", "size=2m") as disk:
     shutil.copytree(saved["template"], disk / "checkpoints")
     filler = disk / "filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
@@ -280,8 +276,6 @@ def test_a_full_tmpfs_keeps_the_previous_checkpoint(saved, tmp_path):
     step, state, _ = RunCheckpointer(disk / "checkpoints", 2).restore_latest_intact(saved["target"], CFG)
     assert step == 4
     assert_equal_state(state, saved["host"][4])
-  finally:
-    subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 # ---- interrupted writes ----------------------------------------------------------------------------------

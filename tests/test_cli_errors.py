@@ -15,6 +15,7 @@ import pytest
 from scalerl_jax.config import load_config
 from scalerl_jax.scaling import synthetic
 from tests.cli_helpers import exit_error
+from tests.fault_helpers import tmpfs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRAIN, FIT = ROOT / "launch" / "train.py", ROOT / "launch" / "fit_curve.py"
@@ -251,17 +252,10 @@ def test_a_run_dir_whose_checkpoints_folder_is_a_file_is_refused_up_front(fake_j
 def test_a_read_only_run_dir_is_refused_up_front(fake_job, tmp_path, capsys):
   """Root ignores file permissions, so the read-only case needs a read-only mount (root can make one; skipped
   elsewhere). Before: a 23-line orbax traceback when the job made run_dir/checkpoints."""
-  run_dir = tmp_path / "ro"
-  run_dir.mkdir()
-  if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(run_dir)],
-                                         capture_output=True).returncode != 0:
-    pytest.skip("a read-only mount needs root")
-  try:
+  with tmpfs(tmp_path / "ro", "size=1m,ro") as run_dir:
     assert _main_error(capsys, [f"run_dir={run_dir}"]) == (
         f"train.py: error: run_dir {run_dir}: cannot write in {run_dir} (Read-only file system)\n")
     assert not fake_job.built
-  finally:
-    subprocess.run(["umount", "-l", str(run_dir)], check=False)
 
 
 _FULL_DISK = """
