@@ -433,6 +433,7 @@ def test_a_run_takes_the_gguf_file_as_model_pretrained_and_data_tokenizer(tmp_pa
   try:
     want = flat(loaded["Q4_1"].params)
     for key, x in flat(job.state.params).items():
+      assert x.dtype == np.float32, key  # the recipe's fp32 master weights under bf16 compute, from a GGUF too
       np.testing.assert_array_equal(x, want[key], err_msg=key)
   finally:
     job._lock.release()

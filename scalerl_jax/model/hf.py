@@ -169,7 +169,8 @@ def hf_model_config(path_or_dict: str | os.PathLike | Mapping, *, dtype: str = "
   else:
     from scalerl_jax.model.gguf import gguf_model_config, gguf_path
     if gguf_path(path_or_dict) is not None:  # a GGUF file's metadata (model/gguf.py)
-      return gguf_model_config(gguf_path(path_or_dict), dtype=dtype, max_seq_len=max_seq_len)
+      return dataclasses.replace(gguf_model_config(gguf_path(path_or_dict), dtype=dtype, max_seq_len=max_seq_len),
+                                 param_dtype=param_dtype or dtype)
     p = pathlib.Path(path_or_dict)
     p = p / "config.json" if p.is_dir() else p
     hf, where = _read_json(p), str(p)
