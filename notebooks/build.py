@@ -69,12 +69,13 @@ def image_counts(nb: nbformat.NotebookNode) -> list[int]:
           for cell in nb.cells if cell.cell_type == "code"]
 
 
-def outputs_match(committed: str, fresh: str, rel: float = 0.05, abs_tol: float = 0.02,
-                  rel_large: float = 0.35) -> bool:
+def outputs_match(committed: str, fresh: str, rel: float = 0.08, abs_tol: float = 0.03,
+                  rel_large: float = 0.6) -> bool:
   """Same text, and every number the same within `abs_tol` + `rel` of its size (`rel_large` above 10). NUTS on
   another CPU (or in another process set-up) draws another chain: on an AVX-512 EPYC pass rates, A and B held to
   2 %, but a heavy posterior's tail in compute units moved by 28 % (C_mid's 5 % point 1.04e12 -> 1.45e12) and the
-  effective sample size by 21 % (735 -> 582); a stale output changes the text (a verdict, a label, a count of
+  effective sample size by 21 % (735 -> 582); in the test process the far tail of a target's compute moved 37 %
+  (4.99e13 -> 7.87e13) and a posterior probability 0.06 (0.51 -> 0.45); a stale output changes the text (a verdict, a label, a count of
   lines) or moves numbers by more."""
   split = lambda s: (NUMBER.split(s), [float(x) for x in NUMBER.findall(s)])  # noqa: E731
   (words_a, nums_a), (words_b, nums_b) = split(committed), split(fresh)
