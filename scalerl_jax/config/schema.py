@@ -37,7 +37,8 @@ LossName = Literal["cispo", "reinforce", "grpo", "ppo", "dapo", "gspo"]
 Aggregation = Literal["prompt", "sample", "token", "seq_mean_token_sum"]
 AdvNorm = Literal["batch", "prompt", "none"]
 KLEstimator = Literal["k1", "k3"]
-TaskName = Literal["addition", "countdown", "code", "mixed", "file"]  # mixed: addition + code
+# mixed: addition + code; word_problems: English arithmetic for a pretrained instruct model
+TaskName = Literal["addition", "countdown", "code", "word_problems", "mixed", "file"]
 TaskMix = Literal["shuffled", "ratio"]  # how data.task=mixed fills batches
 LongPrompts = Literal["error", "truncate", "skip"]
 RewardScale = Literal["01", "pm1"]  # rewards in {0, 1} or {-1, +1}

@@ -8,6 +8,8 @@
   chat.py           the checkpoint's Jinja chat template rendered as transformers renders it
   tasks.py          built-in addition and countdown tasks (train / warm-start-val / eval splits), file datasets
                     (held-out rows by hash, or data.eval_path)
+  word_problems.py  English arithmetic word problems answered in \\boxed{} (data.task=word_problems): the built-in
+                    task for a pretrained instruct model
   arith.py          safe integer-expression evaluation for the countdown verifier
   npr.py            No-Positive-Resampling pass-rate history
   prompt_stream.py  grain prompt stream: per-epoch shuffle, NPR filter, process shards, exact resume

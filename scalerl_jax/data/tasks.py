@@ -38,6 +38,8 @@ EOS):
     run is "def f(x):return " + that expression, against one assert test of x = 2, 3, 7 and 10 in the sandbox
     (rewards/code.py; any correct expression passes, "x*3+52" as well as "3*x+52").
         prompt "52,55:"   completion "3|3*x+52$"   answer {"starter": "def f(x):return ", "asserts": [...]}
+  word_problems (knob `digits`): English arithmetic word problems for a pretrained instruct model, answered in
+    \\boxed{} and checked by math-verify (data/word_problems.py).
   mixed: the addition and code tasks in one pool (rows tagged math / code; data.code_fraction, data.task_mix),
     each scored by its own verifier, with held-out pass rates and curves per task.
 """
@@ -57,6 +59,7 @@ from scalerl_jax.data import arith
 from scalerl_jax.rewards import exact_match_reward, final_answer, math_verify_reward
 from scalerl_jax.data.sources import DataError, Record, read_records
 from scalerl_jax.data.tokenizer import END_MARKER, EOS_CHAR
+from scalerl_jax.data.word_problems import WordProblemTask
 
 NUM_WARMSTART_VAL = 256
 _SPLIT_SALT = {"eval": 1, "warmstart_val": 2, "train": 3}
@@ -260,6 +263,15 @@ class CodeTask(_BuiltinTask):
   reward = staticmethod(code_reward)
 
 
+class WordProblems(WordProblemTask, _BuiltinTask):
+  """English arithmetic word problems for a pretrained instruct model (data/word_problems.py)."""
+
+  def __init__(self, digits: int = 2, seed: int = 0, num_train: int = 20000, num_eval: int = 512,
+               num_warmstart_val: int = NUM_WARMSTART_VAL):
+    self._check_knob(digits)
+    super().__init__(digits, seed, num_train, num_eval, num_warmstart_val)
+
+
 class MixedTask:
   """The addition (math) and code tasks in one run: every record tagged with its task, `reward` a verifier per
   task. Held-out and warm-start splits are both tasks' own (`data.num_eval` each). The training pool holds both
@@ -366,7 +378,7 @@ class FileTask:
     return {"math": math_verify_reward, "code": code_reward}
 
 
-def make_task(cfg) -> AdditionTask | CountdownTask | CodeTask | MixedTask | FileTask:
+def make_task(cfg) -> AdditionTask | CountdownTask | CodeTask | WordProblems | MixedTask | FileTask:
   """From a DataConfig. For countdown, `data.digits` is the number count."""
   if cfg.task == "addition":
     return AdditionTask(cfg.digits, cfg.seed, cfg.num_train, cfg.num_eval)
@@ -374,8 +386,10 @@ def make_task(cfg) -> AdditionTask | CountdownTask | CodeTask | MixedTask | File
     return CountdownTask(cfg.digits, cfg.seed, cfg.num_train, cfg.num_eval)
   if cfg.task == "code":
     return CodeTask(cfg.code_digits, cfg.seed, cfg.num_train, cfg.num_eval)
+  if cfg.task == "word_problems":
+    return WordProblems(cfg.digits, cfg.seed, cfg.num_train, cfg.num_eval)
   if cfg.task == "mixed":
     return MixedTask(cfg)
   if cfg.task == "file":
     return FileTask(cfg)
-  raise DataError(f"data.task must be addition, countdown, code, mixed or file, got {cfg.task!r}")
+  raise DataError(f"data.task must be addition, countdown, code, word_problems, mixed or file, got {cfg.task!r}")

@@ -2,6 +2,7 @@
 
   exact_match_reward   the final answer (after the last end-of-thinking marker, before EOS) equals the reference
   math_verify_reward   math-verify equivalence of the final (boxed / "####" / last) answer
+  boxed_answer_reward  right answer (math-verify) and the format asked for (\\boxed{...}), weighted 0.8 / 0.2
   final_answer         the text a verifier compares
 
 Any such function can be named in `data.reward_fn`; `RewardRunner` (runner.py) bounds its time and failures.
@@ -11,6 +12,7 @@ How the runner runs the built-in ones is decided by name, below (tasks.py's `rew
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from typing import Optional
 
@@ -34,6 +36,7 @@ SANDBOXED_VERIFIERS = frozenset({
 PRELOAD = {
     "scalerl_jax.rewards.verifiers.math_verify_reward": ("math_verify",),
     "scalerl_jax.data.tasks.FileTask.reward": ("math_verify",),
+    "scalerl_jax.rewards.verifiers.boxed_answer_reward": ("math_verify",),
 }
 
 
@@ -96,3 +99,44 @@ def math_verify_reward(completion: str, answer: str) -> float:
   if not gold or not pred:
     return 0.0
   return float(mv.verify(gold, pred, timeout_seconds=None))
+
+
+BOXED = "\\boxed{"
+
+
+def boxed_answer(completion: str) -> Optional[str]:
+  """The content of the completion's last \\boxed{...} (braces balanced), or None when it boxes nothing."""
+  start = completion.rfind(BOXED)
+  if start < 0:
+    return None
+  depth, i = 1, start + len(BOXED)
+  for j in range(i, len(completion)):
+    depth += {"{": 1, "}": -1}.get(completion[j], 0)
+    if depth == 0:
+      return completion[i:j].strip() or None
+  return None
+
+
+_NUMBER = re.compile(r"[-+]?\s*(\d[\d,]*(\.\d*)?|\.\d+)")
+# boxed_answer_reward's weights: a right answer earns most of the reward, stating it in \\boxed{} the rest
+ANSWER_WEIGHT, FORMAT_WEIGHT = 0.8, 0.2
+
+
+def boxed_answer_reward(completion: str, answer: str):
+  """The reward of a task whose prompt asks for the final answer in \\boxed{}: ANSWER_WEIGHT when the final answer
+  is right (math_verify_reward: the boxed one when there is one, else a final-answer phrase or the last number)
+  plus FORMAT_WEIGHT when it is a boxed number. Solved (`success`, the pass rates) only when both hold. Causes, one per call:
+  "correct", "correct_unboxed", "boxed_wrong", "wrong".
+
+  Why not all or nothing: a small instruct model boxes few of its answers (SmolLM2-135M: 0 of 32 greedy answers
+  right and boxed, 3 of 32 right), so a binary boxed-and-right reward gives nearly every group one score and no
+  gradient; the two parts give one from the first step, and the full score needs both."""
+  from scalerl_jax.rewards.worker import Scored
+  boxed = boxed_answer(completion)
+  if boxed is not None and not _NUMBER.fullmatch(boxed):  # "\\boxed{number}" copied from the prompt boxes nothing
+    boxed = None
+  correct = math_verify_reward(f"\\boxed{{{boxed}}}" if boxed is not None else completion, answer) >= 1.0
+  cause = ("correct" if boxed is not None else "correct_unboxed") if correct else (
+      "boxed_wrong" if boxed is not None else "wrong")
+  return Scored(ANSWER_WEIGHT * correct + FORMAT_WEIGHT * (boxed is not None), cause,
+                success=bool(correct and boxed is not None))
