@@ -74,6 +74,7 @@ class ScoredGroup:
   rewards: np.ndarray  # float32[G] on the configured reward scale
   success: np.ndarray  # bool[G] solved the item, as its verifier says (RewardBatch.success: not a partial score)
   reward_failures: int = 0  # reward calls that raised or timed out (scored with the failure reward)
+  causes: tuple[Optional[str], ...] = ()  # per sample: the verifier's cause (rewards.Scored), None without one
 
   @property
   def pass_rate(self) -> float:

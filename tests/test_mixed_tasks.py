@@ -193,6 +193,11 @@ def test_short_mixed_run_scores_code_in_the_sandbox_and_reports_per_task(tmp_pat
   last = rows[-1]
   assert last["reward/code/calls"] > 0 and sum(v for k, v in last.items() if k.startswith("reward/code/cause/")) > 0
   assert last["eval/code/n_total"] == last["eval/math/n_total"] == 8 * cfg.pipeline.eval_samples
+  # every greedy code answer has its cause (exact match gives none): 8 of the 16 held-out prompts; solved = "ok"
+  for row in (r for r in rows if "eval/greedy_pass_at_1" in r):
+    causes = {k: v for k, v in row.items() if k.startswith("eval/greedy_cause/")}
+    assert sum(causes.values()) == pytest.approx(0.5)
+    assert causes.get("eval/greedy_cause/ok", 0.0) == pytest.approx(row["eval/code/greedy_pass_at_1"] / 2)
   assert scaling.tasks_in(job.run_dir) == ["code", "math"]
   for task in ("code", "math"):
     assert len(scaling.load_points(job.run_dir, task=task).compute) == 6  # R0 + 5 evaluations

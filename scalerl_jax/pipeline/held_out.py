@@ -1,4 +1,5 @@
-"""Held-out evaluation through the rollout engine: mean@n at a temperature, greedy pass@1, per-prompt counts.
+"""Held-out evaluation through the rollout engine: mean@n at a temperature, greedy pass@1, per-prompt counts, and
+the greedy answers by the verifier's cause.
 
 Runs on its own decode state (`RolloutDriver.generate_all`), so in-flight training rollouts are untouched. The
 per-prompt success counts go into the metrics so the curve fit can use a binomial likelihood.
@@ -6,6 +7,7 @@ per-prompt success counts go into the metrics so the curve fit can use a binomia
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -34,6 +36,7 @@ class Evaluator:
     self.driver, self.tokenizer, self.rewards, self.seed = driver, tokenizer, rewards, seed
     self.prompts, self.n, self.temperature = list(prompts), n, temperature  # fixed at start, never trained on
     self.shard, self.gather, self.between = shard, gather, between
+    self._failures, self._greedy_causes = 0, collections.Counter()
 
   def correctness(self, params: Any, version: int, prompts: Sequence[types.Prompt], n: int,
                   sampling: SamplingParams, uid_stride: int = 1, uid_offset: int = 0) -> np.ndarray:
@@ -42,6 +45,8 @@ class Evaluator:
                                       uid_stride=uid_stride, uid_offset=uid_offset, between=self.between)
     scored = self.rewards.score_groups(groups, self.tokenizer.decode)
     self._failures += sum(g.reward_failures for g in scored)
+    if sampling is GREEDY:
+      self._greedy_causes.update(c for g in scored for c in g.causes if c is not None)
     return np.stack([g.success for g in scored]) if scored else np.zeros((0, n), bool)
 
   def _correctness_all(self, params: Any, version: int) -> tuple[np.ndarray, np.ndarray, RolloutStats]:
@@ -54,21 +59,22 @@ class Evaluator:
     stats = dataclasses.replace(self.driver.last_eval_stats)  # of the sampled pass (interruption, truncation)
     if m == 1:
       return greedy, correct, stats
-    parts = self.gather((greedy, correct, stats, self._failures))
+    parts = self.gather((greedy, correct, stats, self._failures, self._greedy_causes))
     greedy_P1 = np.zeros((len(self.prompts), 1), bool)
     correct_PN = np.zeros((len(self.prompts), self.n), bool)
     total = RolloutStats()
-    self._failures = 0
-    for j, (g, c, st, failures) in enumerate(parts):
+    self._failures, self._greedy_causes = 0, collections.Counter()
+    for j, (g, c, st, failures, causes) in enumerate(parts):
       greedy_P1[j::m], correct_PN[j::m] = g, c
       for k, v in dataclasses.asdict(st).items():
         setattr(total, k, getattr(total, k) + v)
       self._failures += failures
+      self._greedy_causes += causes
     return greedy_P1, correct_PN, total
 
   def evaluate(self, params: Any, version: int) -> dict:
     """mean@n at the evaluation temperature, greedy pass@1, per-prompt counts, and the wall time it took."""
-    t0, self._failures = time.perf_counter(), 0
+    t0, self._failures, self._greedy_causes = time.perf_counter(), 0, collections.Counter()
     prompts, n = self.prompts, self.n
     greedy_P1, correct_PN, stats = self._correctness_all(params, version)
     counts = correct_PN.sum(axis=1)
@@ -84,6 +90,9 @@ class Evaluator:
         "eval/truncation_rate": stats.truncation_rate,
         "eval/reward_failures": self._failures,  # verifier calls that raised or timed out, scored as failures
         "eval/seconds": time.perf_counter() - t0,
+        # the greedy answers by the verifier's cause, as fractions of the prompts (a verifier that says why it
+        # scored: word_problems' "correct" / "correct_unboxed" / "boxed_wrong" / "wrong", the code reward's causes)
+        **{f"eval/greedy_cause/{c}": k / max(1, len(prompts)) for c, k in sorted(self._greedy_causes.items())},
     })
     out.update(per_task_metrics([p.task for p in prompts], correct_PN, greedy_P1))
     return out

@@ -127,12 +127,14 @@ def reference_of(fn: Callable) -> str:
 class RewardBatch:
   """One scored batch: rewards float32[n] on the configured scale; which calls solved their item (the verifier's
   verdict: every test passed, or the full score; never a failed call); which calls failed (scored failure_reward)
-  and which of those timed out; the first error's text (None when nothing failed)."""
+  and which of those timed out; the first error's text (None when nothing failed); each call's cause (the
+  verifier's `Scored.cause`; None for a plain float or a failed call)."""
   rewards: np.ndarray
   failed: np.ndarray
   timed_out: np.ndarray
   first_error: Optional[str]
   success: np.ndarray
+  causes: tuple[Optional[str], ...] = ()
 
 
 class RewardRunner:
@@ -240,7 +242,8 @@ class RewardRunner:
     if not ok.any():
       raise RewardError(f"reward function {self.name} failed on every one of the {n} calls of a batch; "
                         f"first error: {first}")
-    return RewardBatch(rewards, ~ok, timed_out, first, success & ok)
+    return RewardBatch(rewards, ~ok, timed_out, first, success & ok,
+                       tuple(c if e is None else None for c, e in zip(causes, errors)))
 
   def _record(self, n: int, ok: np.ndarray, timed_out: np.ndarray, killed: int, errors: list, first) -> None:
     new_texts, too_many = [], False
@@ -298,7 +301,7 @@ class RewardRunner:
     for g in groups:
       end = start + len(g.samples)
       out.append(types.ScoredGroup(g.prompt, g.samples, batch.rewards[start:end], batch.success[start:end],
-                                   int(batch.failed[start:end].sum())))
+                                   int(batch.failed[start:end].sum()), batch.causes[start:end]))
       start = end
     return out
 
