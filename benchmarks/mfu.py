@@ -30,6 +30,7 @@ import pathlib
 import statistics
 import subprocess
 import time
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -108,12 +109,14 @@ def matmul_peak(dtype, n: int = 2048, repeats: int = 7) -> float:
   return 2.0 * n ** 3 * chain / statistics.median(times)
 
 
-def rl_batch(cfg: ModelConfig, P: int, G: int, T: int, seed: int = 0) -> tuple[types.TrainBatch, int, int]:
+def rl_batch(cfg: ModelConfig, P: int, G: int, T: int, seed: int = 0,
+             prompt_width: Optional[int] = None) -> tuple[types.TrainBatch, int, int]:
   """A TrainBatch as the trainer builds one, (batch, prompt width L, completion width N): P groups of G rows
-  sharing a prompt of up to L = T/4 tokens, completions of random length up to N = T - L, CISPO inputs (sampler
-  log-probs, advantages, token weights normalised over the batch), MoE routes unrecorded (-1)."""
+  sharing a prompt of up to L tokens (`prompt_width`, default T/4), completions of random length up to N = T - L,
+  CISPO inputs (sampler log-probs, advantages, token weights normalised over the batch), MoE routes unrecorded
+  (-1)."""
   rng = np.random.default_rng(seed)
-  B, L = P * G, T // 4
+  B, L = P * G, prompt_width or T // 4
   N = T - L
   prompt_len = np.repeat(rng.integers(L // 2, L + 1, P), G).astype(np.int32)
   tokens = rng.integers(1, cfg.vocab_size, (B, T)).astype(np.int32)
@@ -130,22 +133,25 @@ def rl_batch(cfg: ModelConfig, P: int, G: int, T: int, seed: int = 0) -> tuple[t
   return batch, L, N
 
 
-def build(cfg: ModelConfig, P: int, G: int, T: int, shared_prompt: bool = False):
-  """(step, state, batch, positions): the trainer's jitted step on one device, its initial state and a batch on
-  device; `positions`: token positions the step runs through the model."""
+def build(cfg: ModelConfig, P: int, G: int, T: int, shared_prompt: bool = False, *, mesh_spec: str = "data=1",
+          devices: Optional[Sequence[jax.Device]] = None, params=None, micro_batches: int = 1,
+          prompt_width: Optional[int] = None):
+  """(step, state, batch, positions): the trainer's jitted step on a `mesh_spec` mesh over `devices` (default: one
+  device), its initial state (random, or around `params`: a checkpoint's) and a batch on device (`rl_batch`);
+  `positions`: token positions the step runs through the model per step."""
   policy = make_policy(cfg)
   optimizer = make_optimizer(OptimizerConfig())
-  layout = mesh_lib.Layout(mesh_lib.make_mesh("data=1", jax.devices()[:1]), mesh_lib.TRAIN_RULES)
-  batch, L, N = rl_batch(cfg, P, G, T)
+  layout = mesh_lib.Layout(mesh_lib.make_mesh(mesh_spec, devices or jax.devices()[:1]), mesh_lib.TRAIN_RULES)
+  batch, L, N = rl_batch(cfg, P, G, T, prompt_width=prompt_width)
   B = P * G
   prompt = PromptLayout(G, L, N) if shared_prompt else None
-  loss_fn = make_rl_loss(policy, LossConfig(), temperature=1.0, layout=prompt)
+  loss_fn = make_rl_loss(policy, LossConfig(), temperature=1.0, layout=prompt, micro_batches=micro_batches)
   batch_sh = types.TrainBatch.of(rows=layout.batch(1, B), tokens=layout.batch(2, B),
                                  routes=layout.batch(4, B) if batch.routes is not None else None)
-  step = make_train_step(loss_fn, optimizer, 1, state_shardings(policy, optimizer, layout), batch_sh,
+  step = make_train_step(loss_fn, optimizer, micro_batches, state_shardings(policy, optimizer, layout), batch_sh,
                          metrics_init=rl.empty_metrics, metrics_combine=rl.accumulate_metrics,
                          micro_batch_block=G if prompt else 1)
-  state = init_train_state(policy, optimizer, layout, seed=0)
+  state = init_train_state(policy, optimizer, layout, seed=0, params=params)
   batch = jax.device_put(batch, batch_sh)
   return step, state, batch, prompt.trained_tokens(B) if prompt else B * T
 

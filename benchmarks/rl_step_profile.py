@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Callable, Sequence
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -83,7 +84,8 @@ class StageClock:
       self._open.clear()
 
 
-def wrap(owner, name: str, clock: StageClock, stage: str, block: bool = False) -> None:
+def wrap(owner, name: str, clock: StageClock, stage: str, block: bool = False) -> Callable[[], None]:
+  """Times `owner.name` as `stage` (blocking on its result when `block`); returns the undo."""
   fn = getattr(owner, name)
 
   @functools.wraps(fn)
@@ -93,23 +95,25 @@ def wrap(owner, name: str, clock: StageClock, stage: str, block: bool = False) -
       return jax.block_until_ready(out) if block else out
 
   setattr(owner, name, timed)
+  return lambda: setattr(owner, name, fn)
 
 
-def instrument(clock: StageClock) -> None:
+@contextlib.contextmanager
+def instrumented(clock: StageClock):
+  """Every stage of the job timed into `clock` while inside (class and module functions patched, then restored)."""
   E, D, J = engine_lib.Engine, driver_lib.RolloutDriver, job_lib.RLJob
-  wrap(D, "_refill", clock, "admission")  # its prefill call is timed inside it, as prefill
-  wrap(E, "prefill_insert", clock, "prefill", block=True)
-  wrap(E, "generate", clock, "decode", block=True)
-  wrap(D, "_collect", clock, "collect")
-  wrap(J, "score", clock, "reward")
-  for name in ("pack_groups", "build_train_batch", "compact_groups"):
-    wrap(job_lib, name, clock, "batch")
-  wrap(weight_sync.WeightSync, "publish", clock, "weight_copy", block=True)
-  wrap(step_metrics.StepLog, "hold", clock, "metrics")
-  wrap(J, "_flush", clock, "metrics")
-  wrap(J, "evaluate", clock, "eval")
-  wrap(J, "checkpoint", clock, "checkpoint")
-  step_for = J._step_for
+  undo = [wrap(D, "_refill", clock, "admission"),  # its prefill call is timed inside it, as prefill
+          wrap(E, "prefill_insert", clock, "prefill", block=True),
+          wrap(E, "generate", clock, "decode", block=True),
+          wrap(D, "_collect", clock, "collect"),
+          wrap(J, "score", clock, "reward"),
+          *(wrap(job_lib, name, clock, "batch") for name in ("pack_groups", "build_train_batch", "compact_groups")),
+          wrap(weight_sync.WeightSync, "publish", clock, "weight_copy", block=True),
+          wrap(step_metrics.StepLog, "hold", clock, "metrics"),
+          wrap(J, "_flush", clock, "metrics"),
+          wrap(J, "evaluate", clock, "eval"),
+          wrap(J, "checkpoint", clock, "checkpoint")]
+  step_for, consume = J._step_for, J.consume
 
   def timed_step_for(self, groups):
     fn = step_for(self, groups)
@@ -119,16 +123,37 @@ def instrument(clock: StageClock) -> None:
         return jax.block_until_ready(fn(state, batch))
     return run
 
-  J._step_for = timed_step_for
-  consume = J.consume
-
   def timed_consume(self, batch, wait_s=0.0):
     t0 = time.perf_counter()
     out = consume(self, batch, wait_s)
     clock.close_step(time.perf_counter() - t0 + wait_s)
     return out
 
-  J.consume = timed_consume
+  J._step_for, J.consume = timed_step_for, timed_consume
+  try:
+    yield clock
+  finally:
+    J._step_for, J.consume = step_for, consume
+    for restore in reversed(undo):
+      restore()
+
+
+def profile(config: str | pathlib.Path, steps: int, skip: int, overrides: Sequence[str] = ()) -> dict:
+  """Runs `steps` steps of the job (`config` plus the dotted `overrides`, in a temporary run directory) with every
+  stage timed: {overrides, steps, skip, summary (the job's), median_s, mean_s, untimed_mean_s, per_step} over the
+  steps after the first `skip` (each per-step row: seconds per stage and the step's wall time)."""
+  with tempfile.TemporaryDirectory() as tmp:
+    cfg = load_config(config, [f"run_dir={tmp}/run", f"pipeline.steps={steps}", "curve_fit.bayes=false",
+                               *overrides])
+    with instrumented(StageClock()) as clock:
+      summary = job_lib.RLJob(cfg, progress=False).run()
+  rows = clock.steps[skip:]
+  if not rows:
+    raise SystemExit(f"{len(clock.steps)} of --steps {steps} ran ({summary}): none after --skip {skip}")
+  med = {k: float(np.median([r[k] for r in rows])) for k in STAGES + ("step",)}
+  mean = {k: float(np.mean([r[k] for r in rows])) for k in STAGES + ("step",)}
+  return {"overrides": list(overrides), "steps": steps, "skip": skip, "summary": summary, "median_s": med,
+          "mean_s": mean, "untimed_mean_s": mean["step"] - sum(mean[k] for k in STAGES), "per_step": rows}
 
 
 def main() -> None:
@@ -139,26 +164,14 @@ def main() -> None:
   parser.add_argument("--out", default=str(ROOT / "benchmarks/results/rl_step_profile.json"))
   parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. pipeline.max_lag=1")
   args = parser.parse_args()
-  with tempfile.TemporaryDirectory() as tmp:
-    cfg = load_config(args.config, [f"run_dir={tmp}/run", f"pipeline.steps={args.steps}", "curve_fit.bayes=false",
-                                    *args.overrides])
-    clock = StageClock()
-    instrument(clock)
-    job = job_lib.RLJob(cfg, progress=False)
-    job.run()
-  rows = clock.steps[args.skip:]
-  if not rows:
-    raise SystemExit(f"--steps {args.steps} leaves no step after --skip {args.skip}")
-  med = {k: float(np.median([r[k] for r in rows])) for k in STAGES + ("step",)}
-  mean = {k: float(np.mean([r[k] for r in rows])) for k in STAGES + ("step",)}
-  print(f"{len(rows)} steps (first {args.skip} skipped); overrides: {' '.join(args.overrides) or '-'}")
+  result = profile(args.config, args.steps, args.skip, args.overrides)
+  med, mean, other = result["median_s"], result["mean_s"], result["untimed_mean_s"]
+  print(f"{len(result['per_step'])} steps (first {args.skip} skipped); overrides: {' '.join(args.overrides) or '-'}")
   print(f"{'stage':12s} {'median ms':>10s} {'mean ms':>9s} {'share of mean step':>19s}")
   for k in STAGES + ("step",):
     print(f"{k:12s} {1e3 * med[k]:10.1f} {1e3 * mean[k]:9.1f} {mean[k] / mean['step']:19.1%}")
-  other = mean["step"] - sum(mean[k] for k in STAGES)
   print(f"{'(untimed)':12s} {'':10s} {1e3 * other:9.1f} {other / mean['step']:19.1%}")
-  save_result(args.out, {"overrides": args.overrides, "steps": args.steps, "skip": args.skip,
-                         "median_s": med, "mean_s": mean, "untimed_mean_s": other, "per_step": rows})
+  save_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -148,17 +148,22 @@ def bench_cpu_default(repeats: int) -> dict:
           "mean_tokens_per_sample": tokens / (512 * 8), "engine_tok_s": tokens / t, "seconds": t}
 
 
-def read_bandwidth(devices, gib: float = 1.0, repeats: int = 5) -> float:
-  """Bytes/s of a jitted full reduction over a large array split across `devices` (a pure streaming read; with
-  several devices each core streams its own part)."""
+def read_seconds(devices, gib: float = 1.0, repeats: int = 5) -> list[float]:
+  """Seconds of each of `repeats` jitted full reductions over a `gib` GiB fp32 array split across `devices` (a pure
+  streaming read; with several devices each core streams its own part), after one warm-up call."""
   mesh = jax.sharding.Mesh(np.asarray(devices), ("data",))
   x = jax.device_put(jnp.ones((int(gib * 2 ** 30) // 4,), jnp.float32),
                      jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
   total = jax.jit(jnp.sum)
   total(x).block_until_ready()
-  t = best_of(lambda: total(x).block_until_ready(), repeats)
+  times = [best_of(lambda: total(x).block_until_ready(), 1) for _ in range(repeats)]
   del x
-  return gib * 2 ** 30 / t
+  return times
+
+
+def read_bandwidth(devices, gib: float = 1.0, repeats: int = 5) -> float:
+  """Bytes/s of the fastest of `read_seconds`' reductions."""
+  return gib * 2 ** 30 / min(read_seconds(devices, gib, repeats))
 
 
 def matmul_seconds(devices, rows: int, k: int, n: int, repeats: int = 5, inner: int = 16) -> float:
