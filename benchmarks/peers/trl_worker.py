@@ -1,6 +1,11 @@
 """TRL's side of benchmarks/compare_peers.py: trl.GRPOTrainer (transformers generate on CPU, PyTorch from PyPI)
-training the benchmark's Qwen3ForCausalLM, loaded from its safetensors checkpoint. Runs in TRL's own virtual
-environment: no scalerl_jax import.
+training the workload's checkpoint (the random Qwen3 or the converted SmolLM2), loaded with
+AutoModelForCausalLM.from_pretrained and its tokenizer. Runs in TRL's own virtual environment: scalerl_jax is not
+installed there; only a workload whose reward is one of its verifiers imports that module from the repository.
+
+Chat workloads (spec "chat"): each prompt goes in as a conversation of one user turn, which GRPOTrainer renders with
+the tokenizer's chat template (apply_chat_template, add_generation_prompt=True); every batch's rendered token ids
+are checked against ours (the prompts file's prompt_ids) before the step goes on.
 
     python benchmarks/peers/trl_worker.py SPEC.json     # speaks peer_common's JSON-lines protocol
 
@@ -51,14 +56,20 @@ def main() -> None:
   torch.manual_seed(spec["seed"])
   tokenizer = transformers.AutoTokenizer.from_pretrained(spec["checkpoint"], padding_side="left")
   model = transformers.AutoModelForCausalLM.from_pretrained(spec["checkpoint"], dtype=torch.float32)
+  score_one = peer_common.load_reward(spec.get("reward", "peer_common.digit_fraction"), spec.get("repo", ""))
   prompts = peer_common.read_jsonl(spec["prompts"])
+  expected_ids = {r["prompt"]: r["prompt_ids"] for r in prompts if "prompt_ids" in r}
   source = peer_common.prompt_batches(prompts, spec["prompts_per_step"])
   ordered = [r for _ in range(spec["max_steps"] + 2) for r in next(source)]
-  dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in ordered])
-  clock, state = peer_common.StepClock(), {"tokens": 0, "rewards": [], "left": 0, "step": 0, "t_scored": None}
+  chat = spec.get("chat", False)
+  dataset = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}] if chat else r["prompt"],
+                                         "answer": r["answer"]} for r in ordered])
+  clock = peer_common.StepClock()
+  state = {"tokens": 0, "rewards": [], "left": 0, "step": 0, "t_scored": None, "checked": 0}
 
   def reward(prompts, completions, answer, **kwargs):
-    scores = [peer_common.digit_fraction(c, a) for c, a in zip(completions, answer)]
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]  # chat: the assistant's turn
+    scores = [score_one(c, a) for c, a in zip(texts, answer)]
     state["rewards"].extend(scores)
     return scores
 
@@ -74,8 +85,9 @@ def main() -> None:
     def on_step_end(self, args, tstate, control, **kwargs):
       clock.add("train_s", time.perf_counter() - state["t_scored"])
       n = len(state["rewards"])
-      proto.send(clock.end_step(state["step"], state["tokens"], n, sum(state["rewards"]) / max(n, 1)))
-      state.update(step=state["step"] + 1, tokens=0, rewards=[], left=state["left"] - 1)
+      proto.send(clock.end_step(state["step"], state["tokens"], n, sum(state["rewards"]) / max(n, 1),
+                                prompt_ids_checked=state["checked"]))
+      state.update(step=state["step"] + 1, tokens=0, rewards=[], left=state["left"] - 1, checked=0)
       if state["left"] == 0:
         proto.send({"done": True})
         if not wait_for_round():
@@ -91,6 +103,9 @@ def main() -> None:
     out = generate(prompts)
     clock.add("gen_s", time.perf_counter() - t)
     state["tokens"] += sum(len(ids) for ids in out[1])
+    if expected_ids:  # out[0]: the prompt ids the model was fed, one row per sample
+      texts = [p[-1]["content"] if isinstance(p, list) else p for p in prompts]
+      state["checked"] += peer_common.check_prompt_ids([expected_ids[x] for x in texts], out[0], "trl")
     return out
 
   def timed_score(batch):
@@ -102,6 +117,7 @@ def main() -> None:
   params = sum(p.numel() for p in model.parameters())
   versions = {p: md.version(p) for p in ("trl", "torch", "transformers", "accelerate", "datasets")}
   proto.send({"ready": True, "info": {"system": "trl", "packages": versions, "params": int(params),
+                                      "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
                                       "torch_threads": torch.get_num_threads(),
                                       "loss": "GRPOConfig(loss_type=grpo, beta=0, scale_rewards=group)",
                                       "optimizer": spec["optimizer"], "setup_s": time.perf_counter() - t0}})
