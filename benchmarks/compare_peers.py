@@ -29,8 +29,8 @@ the project's converter (scalerl_jax.model.gguf_convert.convert_gguf, what launc
 Face directory under --cache that every system loads: ours as model.pretrained and data.tokenizer, TRL with
 AutoModelForCausalLM.from_pretrained and AutoTokenizer, Tunix with tunix.models.llama3 from its safetensors. Prompts:
 512 training records of the built-in word_problems task (scalerl_jax.data.tasks.WordProblems, digits 1 as
-configs/smollm2_cpu.yaml), rendered with the model's ChatML template as one user turn: our job renders them itself; TRL gets conversational prompts
-([{"role": "user", ...}]) that GRPOTrainer renders with apply_chat_template; Tunix gets the rendered text. The prompts
+configs/smollm2_cpu.yaml), rendered with the model's ChatML template as one user turn: our job renders them
+itself; TRL gets conversational prompts ([{"role": "user", ...}]) that GRPOTrainer renders with apply_chat_template; Tunix gets the rendered text. The prompts
 file carries our token ids of every prompt, and every worker checks on every sampled batch that the ids its model is
 fed equal them (a mismatch stops the run; the count checked is in the JSON). Reward:
 scalerl_jax.rewards.verifiers.boxed_answer_reward (0.8 right by math-verify + 0.2 boxed), imported from this
