@@ -30,8 +30,8 @@ Face directory under --cache that every system loads: ours as model.pretrained a
 AutoModelForCausalLM.from_pretrained and AutoTokenizer, Tunix with tunix.models.llama3 from its safetensors. Prompts:
 512 training records of the built-in word_problems task (scalerl_jax.data.tasks.WordProblems, digits 1 as
 configs/smollm2_cpu.yaml), rendered with the model's ChatML template as one user turn: our job renders them
-itself; TRL gets conversational prompts ([{"role": "user", ...}]) that GRPOTrainer renders with apply_chat_template; Tunix gets the rendered text. The prompts
-file carries our token ids of every prompt, and every worker checks on every sampled batch that the ids its model is
+itself; TRL gets conversational prompts ([{"role": "user", ...}]) that GRPOTrainer renders with
+apply_chat_template; Tunix gets the rendered text. The prompts file carries our token ids of every prompt, and every worker checks on every sampled batch that the ids its model is
 fed equal them (a mismatch stops the run; the count checked is in the JSON). Reward:
 scalerl_jax.rewards.verifiers.boxed_answer_reward (0.8 right by math-verify + 0.2 boxed), imported from this
 repository by every worker (math-verify is pinned in the peers' venvs). 8 prompts x 8 samples x 64 new tokens,
