@@ -29,23 +29,22 @@ the project's converter (scalerl_jax.model.gguf_convert.convert_gguf, what launc
 Face directory under --cache that every system loads: ours as model.pretrained and data.tokenizer, TRL with
 AutoModelForCausalLM.from_pretrained and AutoTokenizer, Tunix with tunix.models.llama3 from its safetensors. Prompts:
 512 training records of the built-in word_problems task (scalerl_jax.data.tasks.WordProblems, digits 1 as
-configs/smollm2_cpu.yaml), rendered with the model's ChatML template as one user turn: our job renders them
-itself; TRL gets conversational prompts ([{"role": "user", ...}]) that GRPOTrainer renders with
-apply_chat_template; Tunix gets the rendered text. The prompts file carries our token ids of every prompt, and every worker checks on every sampled batch that the ids its model is
-fed equal them (a mismatch stops the run; the count checked is in the JSON). Reward:
-scalerl_jax.rewards.verifiers.boxed_answer_reward (0.8 right by math-verify + 0.2 boxed), imported from this
-repository by every worker (math-verify is pinned in the peers' venvs). 8 prompts x 8 samples x 64 new tokens,
-temperature 1, matched AdamW at lr 2e-5 (the project's SmolLM2 recipe's lr), 4 rounds x 2 steps. Tunix 0.1.7 loads
-it with two adaptations, both measured on the converted tiny GGUF fixture against transformers' logits: its llama3
-attention calls apply_rope without the config's rope_theta, so every Llama checkpoint runs at theta 1e6 (max |logit
-difference| 2.76 on logits up to 36; SmolLM2's theta is 1e5), and the worker binds the checkpoint's theta (1.1e-5);
-and it masks every prompt token equal to the pad id, which this tokenizer sets to <|im_end|>, a token inside every
-chat prompt, so the worker pads with <|endoftext|>. Its demo-shaped variant is left out: it cuts prompts to 32
-tokens, and these are 60-71. The three workers stay resident together (each holds a 135M model, its optimizer
-state and a step's activations): each one's peak RSS is in the JSON (workers.<row>.peak_rss_gb). `--smoke
---workload smollm2` runs the same wiring (conversion, chat prompts, parity checks, boxed-answer reward) on the tiny
-GGUF fixture tests/fixtures/gguf/tiny-llama-Q4_1.gguf.
-"""
+configs/smollm2_cpu.yaml), rendered with the model's ChatML template as one user turn: our job renders them itself; TRL
+gets conversational prompts ([{"role": "user", ...}]) that GRPOTrainer renders with apply_chat_template; Tunix gets the
+rendered text. The prompts file carries our token ids of every prompt, and every worker checks on every sampled batch
+that the ids its model is fed equal them (a mismatch stops the run; the count checked is in the JSON). Reward:
+scalerl_jax.rewards.verifiers.boxed_answer_reward (0.8 right by math-verify + 0.2 boxed), imported from this repository
+by every worker (math-verify is pinned in the peers' venvs). 8 prompts x 8 samples x 64 new tokens, temperature 1,
+matched AdamW at lr 2e-5 (the project's SmolLM2 recipe's lr), 4 rounds x 2 steps. Tunix 0.1.7 loads it with two
+adaptations, both measured on the converted tiny GGUF fixture against transformers' logits: its llama3 attention calls
+apply_rope without the config's rope_theta, so every Llama checkpoint runs at theta 1e6 (max |logit difference| 2.76 on
+logits up to 36; SmolLM2's theta is 1e5), and the worker binds the checkpoint's theta (1.1e-5); and it masks every
+prompt token equal to the pad id, which this tokenizer sets to <|im_end|>, a token inside every chat prompt, so the
+worker pads with <|endoftext|>. Its demo-shaped variant is left out: it cuts prompts to 32 tokens, and these are 60-71.
+The three workers stay resident together (each holds a 135M model, its optimizer state and a step's activations): each
+one's peak RSS is in the JSON (workers.<row>.peak_rss_gb). `--smoke --workload smollm2` runs the same wiring
+(conversion, chat prompts, parity checks, boxed-answer reward) on the tiny GGUF fixture tests/fixtures/gguf/tiny-
+llama-Q4_1.gguf. """
 
 from __future__ import annotations
 

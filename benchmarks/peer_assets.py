@@ -86,10 +86,10 @@ def convert_checkpoint(source: str, ckpt: pathlib.Path, min_positions: int) -> d
 
 
 def word_problem_prompts(tokenizer, n: int, width: int, seed: int) -> list[dict]:
-  """The first n training records of the built-in word_problems task (digits 1 as configs/smollm2_cpu.yaml, its
-  seeded train split), each with the text our job renders (`prompt`: the problem; the tokenizer's chat template
-  makes it one user turn), that rendering (`rendered`, what Tunix is given), the reference answer and our token
-  ids of the rendered prompt (`prompt_ids`: what every worker checks its model is fed). ValueError when a prompt is longer than `width`."""
+  """The first n training records of the built-in word_problems task (digits 1 as configs/smollm2_cpu.yaml, its seeded
+  train split), each with the text our job renders (`prompt`: the problem; the tokenizer's chat template makes it one
+  user turn), that rendering (`rendered`, what Tunix is given), the reference answer and our token ids of the rendered
+  prompt (`prompt_ids`: what every worker checks its model is fed). ValueError when a prompt is longer than `width`."""
   from scalerl_jax.data.tasks import WordProblems
 
   rows = []
