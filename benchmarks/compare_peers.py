@@ -43,8 +43,8 @@ prompt token equal to the pad id, which this tokenizer sets to <|im_end|>, a tok
 worker pads with <|endoftext|>. Its demo-shaped variant is left out: it cuts prompts to 32 tokens, and these are 60-71.
 The three workers stay resident together (each holds a 135M model, its optimizer state and a step's activations): each
 one's peak RSS is in the JSON (workers.<row>.peak_rss_gb). `--smoke --workload smollm2` runs the same wiring
-(conversion, chat prompts, parity checks, boxed-answer reward) on the tiny GGUF fixture tests/fixtures/gguf/tiny-
-llama-Q4_1.gguf. """
+(conversion, chat prompts, parity checks, boxed-answer reward) on the tiny GGUF fixture
+tests/fixtures/gguf/tiny-llama-Q4_1.gguf."""
 
 from __future__ import annotations
 
