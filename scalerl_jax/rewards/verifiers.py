@@ -2,7 +2,7 @@
 
   exact_match_reward   the final answer (after the last end-of-thinking marker, before EOS) equals the reference
   math_verify_reward   math-verify equivalence of the final (boxed / "####" / last) answer
-  boxed_answer_reward  right answer (math-verify) and the format asked for (\\boxed{...}), weighted 0.8 / 0.2
+  boxed_answer_reward  1 for the right boxed answer (math-verify), 0.2 for another boxed number, else 0
   final_answer         the text a verifier compares
 
 Any such function can be named in `data.reward_fn`; `RewardRunner` (runner.py) bounds its time and failures.
@@ -118,25 +118,27 @@ def boxed_answer(completion: str) -> Optional[str]:
 
 
 _NUMBER = re.compile(r"[-+]?\s*(\d[\d,]*(\.\d*)?|\.\d+)")
-# boxed_answer_reward's weights: a right answer earns most of the reward, stating it in \\boxed{} the rest
-ANSWER_WEIGHT, FORMAT_WEIGHT = 0.8, 0.2
+# boxed_answer_reward: what a boxed number that is not the answer earns (the right one earns 1)
+FORMAT_REWARD = 0.2
 
 
 def boxed_answer_reward(completion: str, answer: str):
-  """The reward of a task whose prompt asks for the final answer in \\boxed{}: ANSWER_WEIGHT when the final answer
-  is right (math_verify_reward: the boxed one when there is one, else a final-answer phrase or the last number)
-  plus FORMAT_WEIGHT when it is a boxed number. Solved (`success`, the pass rates) only when both hold. Causes, one per call:
-  "correct", "correct_unboxed", "boxed_wrong", "wrong".
+  """The reward of a task whose prompt asks for the final answer in \\boxed{}: 1 when the completion's last boxed
+  number is the answer (math-verify), FORMAT_REWARD when it boxes another number, 0 when it boxes none. Solved
+  (`success`, the pass rates) only at 1. Causes, one per call: "correct", "boxed_wrong", and for completions that
+  box nothing "correct_unboxed" (their final answer, by math_verify_reward, is right) or "wrong": so the held-out
+  greedy causes give the boxed-answer rate and the right-but-unboxed share.
 
-  Why not all or nothing: a small instruct model boxes few of its answers (SmolLM2-135M: 0 of 32 greedy answers
-  right and boxed, 3 of 32 right), so a binary boxed-and-right reward gives nearly every group one score and no
-  gradient; the two parts give one from the first step, and the full score needs both."""
+  Why the format step: a small instruct model boxes a quarter of its answers and gets 6 % right and boxed
+  (SmolLM2-135M, greedy, one-digit problems), so a binary reward leaves most groups with one score and no gradient.
+  Why no credit for an unboxed right answer: the final-answer fallback finds the last number of any text, and a
+  completion cut off by the length budget ends in numbers; crediting it (0.8 in a first version) taught the policy
+  to ramble into the budget (truncation 0.70 -> 0.98 in 10 steps, no boxed answer left)."""
   from scalerl_jax.rewards.worker import Scored
   boxed = boxed_answer(completion)
   if boxed is not None and not _NUMBER.fullmatch(boxed):  # "\\boxed{number}" copied from the prompt boxes nothing
     boxed = None
   correct = math_verify_reward(f"\\boxed{{{boxed}}}" if boxed is not None else completion, answer) >= 1.0
-  cause = ("correct" if boxed is not None else "correct_unboxed") if correct else (
-      "boxed_wrong" if boxed is not None else "wrong")
-  return Scored(ANSWER_WEIGHT * correct + FORMAT_WEIGHT * (boxed is not None), cause,
-                success=bool(correct and boxed is not None))
+  if boxed is None:
+    return Scored(0.0, "correct_unboxed" if correct else "wrong", success=False)
+  return Scored(1.0, "correct", success=True) if correct else Scored(FORMAT_REWARD, "boxed_wrong", success=False)
