@@ -33,7 +33,7 @@ configs/smollm2_cpu.yaml), rendered with the model's ChatML template as one user
 gets conversational prompts ([{"role": "user", ...}]) that GRPOTrainer renders with apply_chat_template; Tunix gets the
 rendered text. The prompts file carries our token ids of every prompt, and every worker checks on every sampled batch
 that the ids its model is fed equal them (a mismatch stops the run; the count checked is in the JSON). Reward:
-scalerl_jax.rewards.verifiers.boxed_answer_reward (1 right and boxed, 0.2 another boxed number), imported from this repository
+scalerl_jax.rewards.verifiers.boxed_answer_reward (1 right and boxed, 0.5 right unboxed), imported from this repository
 by every worker (math-verify is pinned in the peers' venvs). 8 prompts x 8 samples x 64 new tokens, temperature 1,
 matched AdamW at lr 2e-5 (the project's SmolLM2 recipe's lr), 4 rounds x 2 steps. Tunix 0.1.7 loads it with two
 adaptations, both measured on the converted tiny GGUF fixture against transformers' logits: its llama3 attention calls

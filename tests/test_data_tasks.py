@@ -189,8 +189,8 @@ def test_word_problems_splits_answers_and_reference_solutions():
 @pytest.mark.parametrize("completion, value, cause, solved", [
     ("44 + 30 = 74. The answer is \\boxed{74}.", 1.0, "correct", True),
     ("\\boxed{12} no wait: \\boxed{74}", 1.0, "correct", True),  # the last box is the answer
-    ("44 + 30 = 74.", 0.0, "correct_unboxed", False),  # right, but not in the format asked for
-    ("The answer is \\boxed{70}.", 0.2, "boxed_wrong", False),
+    ("44 + 30 = 74.", 0.5, "correct_unboxed", False),  # right, but not in the format asked for
+    ("The answer is \\boxed{70}.", 0.0, "boxed_wrong", False),
     ("The answer is \\boxed{number}.", 0.0, "wrong", False),  # the prompt's placeholder boxes no number
     ("So 70.", 0.0, "wrong", False),
     ("", 0.0, "wrong", False),

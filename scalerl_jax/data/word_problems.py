@@ -5,8 +5,8 @@ gets 25 more. How many marbles does Mia have now?"). The knob `digits` (data.dig
 digit count (of a sum's, a difference's, a product's other factor, a quotient); a product's first factor and a
 divisor have one digit and quotients are exact, so every answer is a whole number the model can reach without a
 calculator. Each prompt ends with the instruction to give the final answer in \\boxed{}; the verifier is
-rewards.verifiers.boxed_answer_reward (1 for the right boxed answer by math-verify, 0.2 for another boxed number,
-0 for none), so the task teaches the format as well as the arithmetic. The prompt is plain text: the tokenizer
+rewards.verifiers.boxed_answer_reward (1 for the right answer boxed, 0.5 for it unboxed, by math-verify; 0 for a
+wrong one), so the task teaches the format as well as the arithmetic. The prompt is plain text: the tokenizer
 renders it with the model's chat template as one user turn, and there is no thinking marker.
 
 The reference completion ("47 + 25 = 72. The answer is \\boxed{72}.") is for a supervised warm start, which a

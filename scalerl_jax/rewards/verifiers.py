@@ -2,7 +2,7 @@
 
   exact_match_reward   the final answer (after the last end-of-thinking marker, before EOS) equals the reference
   math_verify_reward   math-verify equivalence of the final (boxed / "####" / last) answer
-  boxed_answer_reward  1 for the right boxed answer (math-verify), 0.2 for another boxed number, else 0
+  boxed_answer_reward  1 for the right answer boxed, 0.5 unboxed (math-verify), 0 for a wrong one
   final_answer         the text a verifier compares
 
 Any such function can be named in `data.reward_fn`; `RewardRunner` (runner.py) bounds its time and failures.
@@ -118,27 +118,28 @@ def boxed_answer(completion: str) -> Optional[str]:
 
 
 _NUMBER = re.compile(r"[-+]?\s*(\d[\d,]*(\.\d*)?|\.\d+)")
-# boxed_answer_reward: what a boxed number that is not the answer earns (the right one earns 1)
-FORMAT_REWARD = 0.2
+# boxed_answer_reward: what a right final answer earns when it is not boxed (a right boxed one earns 1)
+UNBOXED_REWARD = 0.5
 
 
 def boxed_answer_reward(completion: str, answer: str):
   """The reward of a task whose prompt asks for the final answer in \\boxed{}: 1 when the completion's last boxed
-  number is the answer (math-verify), FORMAT_REWARD when it boxes another number, 0 when it boxes none. Solved
-  (`success`, the pass rates) only at 1. Causes, one per call: "correct", "boxed_wrong", and for completions that
-  box nothing "correct_unboxed" (their final answer, by math_verify_reward, is right) or "wrong": so the held-out
-  greedy causes give the boxed-answer rate and the right-but-unboxed share.
+  number is the answer (math-verify); UNBOXED_REWARD when it boxes no number but its final answer is right
+  (math_verify_reward: a final-answer phrase or the last number); 0 for a wrong answer, boxed or not. Solved
+  (`success`, the pass rates) only at 1. Causes, one per call: "correct", "correct_unboxed", "boxed_wrong",
+  "wrong": the held-out greedy causes give the boxed-answer rate and the right-but-unboxed share.
 
-  Why the format step: a small instruct model boxes a quarter of its answers and gets 6 % right and boxed
-  (SmolLM2-135M, greedy, one-digit problems), so a binary reward leaves most groups with one score and no gradient.
-  Why no credit for an unboxed right answer: the final-answer fallback finds the last number of any text, and a
-  completion cut off by the length budget ends in numbers; crediting it (0.8 in a first version) taught the policy
-  to ramble into the budget (truncation 0.70 -> 0.98 in 10 steps, no boxed answer left)."""
+  Only right answers earn, and boxing doubles what they earn. Measured on SmolLM2-135M (one-digit problems, 64-token
+  budget): a binary right-and-boxed reward starts at 6 % solved (greedy), so most groups carry no gradient; 0.2 for
+  any boxed number taught it to box wrong numbers (greedy boxed 0.08 -> 1.00, right 0.06 -> 0.03 in 10 steps);
+  0.8 for an unboxed right final number taught it to ramble into the budget, whose cut text ends in numbers
+  (truncation 0.70 -> 0.98 in 10 steps) unless truncated samples are left out of the loss (loss.exclude_truncated,
+  as configs/smollm2_cpu.yaml does)."""
   from scalerl_jax.rewards.worker import Scored
   boxed = boxed_answer(completion)
   if boxed is not None and not _NUMBER.fullmatch(boxed):  # "\\boxed{number}" copied from the prompt boxes nothing
     boxed = None
   correct = math_verify_reward(f"\\boxed{{{boxed}}}" if boxed is not None else completion, answer) >= 1.0
   if boxed is None:
-    return Scored(0.0, "correct_unboxed" if correct else "wrong", success=False)
-  return Scored(1.0, "correct", success=True) if correct else Scored(FORMAT_REWARD, "boxed_wrong", success=False)
+    return Scored(UNBOXED_REWARD if correct else 0.0, "correct_unboxed" if correct else "wrong", success=False)
+  return Scored(1.0, "correct", success=True) if correct else Scored(0.0, "boxed_wrong", success=False)
