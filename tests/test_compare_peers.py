@@ -128,5 +128,5 @@ def test_smollm2_workload_feeds_every_system_the_same_token_ids(tmp_path):
   reward = peer_common.load_reward(smoke.reward, str(ROOT))
   answer = prompts[0]["answer"]
   assert reward(f"The answer is \\boxed{{{answer}}}.", answer) == 1.0
-  assert reward(f"It is {answer}.", answer) == pytest.approx(0.8) and reward("no idea", answer) == 0.0
+  assert reward(f"It is {answer}.", answer) == pytest.approx(0.5) and reward("no idea", answer) == 0.0
   assert peer_common.load_reward("peer_common.digit_fraction")("a12b", "4") == 0.5
