@@ -131,3 +131,44 @@ def test_resume_with_an_incompatible_config_is_refused(k0_runs):
   same = RLJob(tiny_config(piped.run_dir, *SPLIT, "pipeline.max_lag=0", "pipeline.steps=6"), progress=False)
   same.setup()  # the same settings (more steps) resume from step 4
   assert same.start_step == 4 and int(same.state.step) == 4
+
+
+def test_generator_counts_a_batch_busy_time_before_handing_it_over():
+  # A consumer that reads the generator's busy time when it takes batch b (the compute meter, the peer comparison's
+  # gen_s) must find b's generation in it. A fake driver finishes each batch in one step; the buffer records
+  # busy_s at the moment of each put. Before the fix, the last step's time was added after the put: 0.0 here.
+  from scalerl_jax.pipeline.orchestrator import AdmissionPolicy, BatchBuffer, GeneratorThread
+  from scalerl_jax.pipeline.weight_sync import WeightBox
+
+  class OneStepDriver:
+    def __init__(self):
+      self.queued, self.uids = [], 0
+      self.busy, self.queued_prompts = False, 0
+
+    def submit(self, prompt, samples):
+      self.uids += 1
+      self.queued.append(self.uids)
+      self.queued_prompts = len(self.queued)
+      return self.uids
+
+    def step(self, params, version):
+      time.sleep(0.01)  # the step's work: any positive duration
+      done = [type("Group", (), {"uid": u})() for u in self.queued]
+      self.queued, self.queued_prompts = [], 0
+      return done
+
+  class Recording(BatchBuffer):
+    def put(self, batch):
+      seen.append(generator.stats.busy_s)
+      super().put(batch)
+      weights.publish(None, batch.index + 1)  # the trainer's step: k = 0 admits the next batch only now
+
+  seen, stop, weights = [], threading.Event(), WeightBox(None, 0)
+  generator = GeneratorThread(driver=OneStepDriver(), next_prompts=lambda b: ["p0", "p1"],
+                              score=lambda groups: list(groups), weights=weights,
+                              policy=AdmissionPolicy("pipeline", 0), samples=1, start=0, end=3,
+                              out=Recording(stop), stop=stop)
+  generator.start()
+  generator.join(timeout=30)
+  assert not generator.is_alive() and generator.error is None
+  assert len(seen) == 3 and seen[0] > 0 and all(b > a for a, b in zip(seen, seen[1:]))

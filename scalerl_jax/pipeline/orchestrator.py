@@ -166,12 +166,15 @@ class GeneratorThread(threading.Thread):
       t = time.perf_counter()
       faults.point("rollout_step")
       finished = driver.step(params, version)
+      complete = []
       for rollout_group, group in zip(finished, self.score(finished)):
         b, pos = where.pop(rollout_group.uid)
         pending[b][pos] = group
         if all(g is not None for g in pending[b]):
-          self.out.put(types.ScoredBatch(b, tuple(pending.pop(b))))
-      stats.busy_s += time.perf_counter() - t
+          complete.append(types.ScoredBatch(b, tuple(pending.pop(b))))
+      stats.busy_s += time.perf_counter() - t  # before the put: a consumer that reads it sees this batch's time
+      for batch in complete:
+        self.out.put(batch)
 
 
 def run_pipeline(*, generator: GeneratorThread, consume: Callable[[types.ScoredBatch, float], bool], start: int,
