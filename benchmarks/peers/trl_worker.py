@@ -29,12 +29,19 @@ def grpo_args(spec: dict, out_dir: str):
   """default: GRPOConfig's own optimizer settings (AdamW, linear decay to 0 over max_steps, weight decay 0, clip 1)
   at the benchmark's lr; matched: constant lr. Gradient checkpointing (on by default in GRPOConfig) is off: it only
   recomputes activations, which costs time and saves memory this model does not need. loss_type=grpo (each sample's
-  token mean, averaged over samples; TRL's default is dapo), rewards scaled by each group's std, beta 0."""
+  token mean, averaged over samples; TRL's default is dapo), rewards scaled by each group's std, beta 0. With the
+  spec's micro_batch, the step's generation batch (all its rows, one generate call) trains in micro-batches of that
+  many rows with gradients accumulated (steps_per_generation = gradient_accumulation_steps: still one optimizer
+  step per generation batch, on-policy, no old-log-prob pass)."""
   from trl import GRPOConfig
   matched = spec["optimizer"] == "matched"
+  rows = spec["prompts_per_step"] * spec["samples"]
+  micro = spec.get("micro_batch") or rows  # rows per forward/backward; one generation batch per optimizer step
+  if rows % micro:
+    raise SystemExit(f"trl_worker: micro_batch {micro} does not divide the step's {rows} rows")
   return GRPOConfig(
-      output_dir=out_dir, per_device_train_batch_size=spec["prompts_per_step"] * spec["samples"],
-      gradient_accumulation_steps=1, num_generations=spec["samples"], steps_per_generation=1, num_iterations=1,
+      output_dir=out_dir, per_device_train_batch_size=micro, gradient_accumulation_steps=rows // micro,
+      num_generations=spec["samples"], steps_per_generation=rows // micro, num_iterations=1,
       max_completion_length=spec["max_new_tokens"], temperature=spec["temperature"], top_p=1.0, top_k=0,
       learning_rate=spec["lr"], lr_scheduler_type="constant" if matched else "linear", warmup_steps=0,
       weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
