@@ -33,8 +33,8 @@ def worker(pid: int, port: int, sizes_mb: list[float], reps: int) -> None:
 
   from scalerl_jax import distributed
 
-  distributed.initialize(f"127.0.0.1:{port}", 2, pid, transfer_address="127.0.0.1", heartbeat_timeout_s=60)
-  channel = distributed.Channel(prefix="bench")
+  distributed.initialize(f"127.0.0.1:{port}", 2, pid, heartbeat_timeout_s=60)
+  channel = distributed.Channel("127.0.0.1", prefix="bench")
   mesh = Mesh(np.array(jax.devices()), ("d",))
   out = {"channel_s": {}, "gather_s": {}}
   for mb in sizes_mb:

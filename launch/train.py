@@ -167,7 +167,7 @@ def start_processes(args) -> bool:
 
   try:
     multi = distributed.initialize(args.coordinator, args.num_processes, args.process_id,
-                                   transfer_address=args.transfer_host, heartbeat_timeout_s=args.heartbeat_timeout)
+                                   heartbeat_timeout_s=args.heartbeat_timeout)
   except UserError as exc:
     fail(str(exc))
   if multi:
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
   from scalerl_jax.pipeline.report import final_report
 
   try:  # config, mesh, data, reward or resume problems, from either thread: one clear line, no traceback
-    job = RLJob(cfg)
+    job = RLJob(cfg, transfer_host=args.transfer_host)
     summary = job.run_sync() if args.sync else job.run()
   except Exception as exc:  # noqa: BLE001  (re-raised unless it is, or was caused by, a user error)
     cause = user_error(exc)

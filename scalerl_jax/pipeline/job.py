@@ -70,7 +70,7 @@ log = logging.getLogger(__name__)
 
 class RLJob:
 
-  def __init__(self, cfg: RunConfig, progress: Optional[bool] = None):
+  def __init__(self, cfg: RunConfig, progress: Optional[bool] = None, transfer_host: Optional[str] = None):
     cfg = absolute_paths(cfg)  # config.yaml and the checkpoints' fingerprints name the files from any directory
     if cfg.model.pretrained:  # the architecture is the checkpoint's: read it from its config.json
       from scalerl_jax.model.hf import hf_model_config, pretrained_dir
@@ -148,8 +148,10 @@ class RLJob:
                                  topo.trainers if topo.disaggregated else None) if topo.trains else None)
     self.meter = ComputeMeter(len(gen_devices) * len(topo.generators), len(trainer_devices),
                               cfg.mesh.generator_devices == 0 and not topo.disaggregated)
-    # disaggregated: messages between the trainers and the generators, what the generators last reported
-    self.channel = distributed.Channel() if topo.disaggregated else None
+    # disaggregated: messages between the trainers and the generators (through a transfer server on
+    # `transfer_host`, --transfer-host), what the generators last reported
+    self.channel = distributed.Channel(transfer_host or distributed.default_transfer_host()) \
+        if topo.disaggregated else None
     self.remote: dict[str, Any] = {}
     self.on_record: Optional[Callable[[int, Sequence[str], Sequence[float], bool], None]] = None
     self.state: Optional[TrainState] = None
