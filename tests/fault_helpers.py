@@ -1,12 +1,12 @@
 """Helpers of tests/test_fault_injection.py: start launch/train.py as a child process (with failpoints armed through
-SCALERL_FAULTS, scalerl_jax/faults.py), choose seeded kill points that the child is sure to reach, and read what a
-run directory holds (metrics, consumed prompts, every checkpoint restored read-only as numpy)."""
+SCALERL_FAULTS, scalerl_jax/faults.py), choose seeded kill points that the child is sure to reach, and read a run
+directory's checkpoints, every one restored read-only as numpy (its metrics and consumed prompts:
+tests/pipeline_helpers.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import pathlib
@@ -63,19 +63,7 @@ def tail(path: pathlib.Path, chars: int = 4000) -> str:
   return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
 
-# ---- reading a run directory --------------------------------------------------------------------------------------
-def jsonl(path: pathlib.Path) -> list[dict]:
-  return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
-
-
-def consumed_prompts(run_dir: pathlib.Path) -> list[dict]:
-  return jsonl(run_dir / "consumed_prompts.jsonl")
-
-
-def metrics(run_dir: pathlib.Path) -> list[dict]:
-  return jsonl(run_dir / "metrics.jsonl")
-
-
+# ---- reading a run directory's checkpoints ------------------------------------------------------------------------
 @dataclasses.dataclass
 class Listing:
   """What a checkpoint directory holds right after a kill."""

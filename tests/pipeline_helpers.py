@@ -1,4 +1,5 @@
-"""Shared tiny pipeline configuration and rewards for the pipeline tests (importable by subprocesses too)."""
+"""Shared tiny pipeline configuration, jobs and rewards for the pipeline tests, and readers of what a run directory
+holds (importable by subprocesses too)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ TINY = [
     # the code defaults are the cpu_default recipe; these tests were written against these values of its keys
     "loss.exclude_truncated=true", "optimizer.warmup_steps=0", "pipeline.max_lag=8", "pipeline.steps=120",
 ]
+# disjoint meshes: the generator on 4 of the 8 test devices, the trainer on the other 4
+SPLIT = ["mesh.generator_devices=4", "mesh.spec=data=-1", "mesh.generator_spec=data=-1,tensor=1"]
 
 
 def reward_digit_one(completion: str, answer: str) -> float:
@@ -42,9 +45,7 @@ def reward_even_length(completion: str, answer: str) -> float:
 
 
 def _pause_if_past_step(run_dir: str, step: str) -> None:
-  prompts = pathlib.Path(run_dir) / "consumed_prompts.jsonl"
-  lines = prompts.read_text().splitlines() if prompts.exists() else []
-  if any(json.loads(l)["step"] >= int(step) for l in lines if l.strip()):
+  if any(r["step"] >= int(step) for r in read_consumed(run_dir, missing_ok=True)):
     (pathlib.Path(run_dir) / "paused").touch()
     while True:  # the test kills the process now
       time.sleep(1)
@@ -52,3 +53,48 @@ def _pause_if_past_step(run_dir: str, step: str) -> None:
 
 def tiny_config(run_dir, *overrides):
   return load_config(overrides=[f"run_dir={run_dir}", *TINY, *overrides])
+
+
+def tiny_job(run_dir, *overrides):
+  """RLJob of tiny_config(run_dir, *overrides), no progress bar."""
+  from scalerl_jax.pipeline.job import RLJob  # here: the reward workers that import this module need no jax
+  return RLJob(tiny_config(run_dir, *overrides), progress=False)
+
+
+def consume_after_generating(job, last) -> None:
+  """Makes `job`'s trainer wait, before it consumes batch s, until the generator has finished batches s .. last(s)
+  (all started at the version before step s, whatever the threads' speed)."""
+  consume = job.consume
+
+  def waiting(batch, wait_s=0.0):
+    s, deadline = batch.index, time.monotonic() + 120
+    while not all(b == s or job._generator.out.ready(b) for b in range(s, last(s) + 1)):
+      assert job._generator.is_alive() and time.monotonic() < deadline, "generator stopped short of the bound"
+      time.sleep(0.005)
+    return consume(batch, wait_s)
+
+  job.consume = waiting
+
+
+# ---- reading a run directory --------------------------------------------------------------------------------------
+def read_jsonl(path, missing_ok: bool = False) -> list[dict]:
+  """One record a line; a missing file raises FileNotFoundError, or is [] with `missing_ok` (a run that has not
+  written it yet)."""
+  path = pathlib.Path(path)
+  if missing_ok and not path.exists():
+    return []
+  return [json.loads(l) for l in path.read_text().splitlines()]
+
+
+def read_metrics(run_dir, missing_ok: bool = False) -> list[dict]:
+  """RUN_DIR/metrics.jsonl: a record a step (and one for the step-0 evaluation)."""
+  return read_jsonl(pathlib.Path(run_dir) / "metrics.jsonl", missing_ok)
+
+
+def read_consumed(run_dir, missing_ok: bool = False) -> list[dict]:
+  """RUN_DIR/consumed_prompts.jsonl: {"step", "prompt_ids"} of every batch the trainer consumed, in order."""
+  return read_jsonl(pathlib.Path(run_dir) / "consumed_prompts.jsonl", missing_ok)
+
+
+def consumed_prompt_ids(run_dir) -> list[list[str]]:
+  return [r["prompt_ids"] for r in read_consumed(run_dir)]

@@ -8,11 +8,12 @@ import pytest
 
 from tests.fixtures import make_fixtures
 from scalerl_jax.data.sources import DataError, read_records
+from tests.pipeline_helpers import read_jsonl
 
 
 def test_committed_fixture_matches_its_generator():
   committed = pathlib.Path(make_fixtures.__file__).parent / "gsm8k_50.jsonl"
-  rows = [json.loads(line) for line in committed.read_text().splitlines()]
+  rows = read_jsonl(committed)
   assert rows == make_fixtures.gsm8k_rows(50, seed=0)
 
 

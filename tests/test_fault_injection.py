@@ -43,6 +43,7 @@ import time
 import pytest
 
 from tests import fault_helpers as fh
+from tests.pipeline_helpers import read_consumed, read_metrics
 
 FULL = os.environ.get("SCALERL_FAULTS_FULL") == "1"
 STEPS = 8  # RL steps of the k = 0 and k = 2 runs
@@ -127,12 +128,12 @@ def _reference(kind: str, tmp: pathlib.Path) -> Reference:
   assert rc == 0, f"uninterrupted {kind} run failed (rc={rc})\n{fh.tail(tmp / 'log.txt')}"
   ckpt_dir = run_dir / "checkpoints"
   checkpoints = {int(p.name): fh.restore_numpy(p) for p in ckpt_dir.iterdir() if p.name.isdigit()}
-  consumed = fh.consumed_prompts(run_dir)
+  consumed = read_consumed(run_dir)
   assert [r["step"] for r in consumed] == list(range(_steps(kind)))
   # training moves the params, so the bitwise comparisons below are not vacuous
   first, last = checkpoints[min(checkpoints)][0]["params"], checkpoints[_steps(kind)][0]["params"]
   assert fh.tree_mismatches(first, last), f"{kind}: params did not change between checkpoints"
-  return Reference([r["prompt_ids"] for r in consumed], fh.metrics(run_dir), checkpoints,
+  return Reference([r["prompt_ids"] for r in consumed], read_metrics(run_dir), checkpoints,
                    time.perf_counter() - t0)
 
 
@@ -243,7 +244,7 @@ def _run_scenario(scenario: Scenario, reference: Reference, tmp: pathlib.Path) -
   if damaged or any(".damaged" in p.name for p in ckpt_dir.iterdir()):
     problems.append(f"a resume found a damaged checkpoint: {damaged[:3]}")
 
-  consumed = fh.consumed_prompts(run_dir)
+  consumed = read_consumed(run_dir)
   got = [r["prompt_ids"] for r in consumed]
   lost, duplicated = fh.lost_and_duplicated(reference.consumed, got)
   if [r["step"] for r in consumed] != list(range(steps)):
@@ -254,7 +255,7 @@ def _run_scenario(scenario: Scenario, reference: Reference, tmp: pathlib.Path) -
     problems.append(f"consumed prompt ids differ from the uninterrupted run's from step {first} on "
                     f"({lost} prompts lost, {duplicated} extra or duplicated): {got[first:first + 2]} vs "
                     f"{reference.consumed[first:first + 2]}")
-  lines = fh.metrics(run_dir)
+  lines = read_metrics(run_dir)
   if [r["step"] for r in lines] != list(range(steps + 1)):
     problems.append(f"metrics.jsonl steps are {[r['step'] for r in lines]}, not 0..{steps} once each in order")
   params_equal = None

@@ -16,6 +16,8 @@ import time
 import pytest
 import yaml
 
+from tests.pipeline_helpers import read_jsonl
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TPU_POD, GKE, SLURM = (ROOT / "launch" / n for n in ("tpu_pod.sh", "gke_jobset.sh", "slurm_gpu.sbatch"))
 BASH = shutil.which("bash")
@@ -45,10 +47,6 @@ def fake_tools(tmp_path, *names, stdout=""):
     write_tool(bin_dir / name, f"open({str(calls)!r}, 'a').write(json.dumps({{'argv': [{name!r}] + sys.argv[1:], "
                                f"'stdin': sys.stdin.read()}}) + '\\n')\nprint({stdout!r}, end='')")
   return bin_dir, calls
-
-
-def read_calls(calls):
-  return [json.loads(line) for line in calls.read_text().splitlines()]
 
 
 def tpu_args(*extra):
@@ -142,7 +140,7 @@ def test_tpu_pod_runs_what_its_dry_run_prints(tmp_path):
   assert dry.returncode == 0 and real.returncode == 0, real.stderr
   unstamp = lambda s: re.sub(r"\d{8}T\d{6}Z", "STAMP", s)  # noqa: E731  (the two runs may be a second apart)
   printed = [[unstamp(w) for w in shlex.split(line)] for line in dry.stdout.splitlines()]
-  assert [[unstamp(w) for w in call["argv"]] for call in read_calls(calls)] == printed
+  assert [[unstamp(w) for w in call["argv"]] for call in read_jsonl(calls)] == printed
   assert "--config configs/math_hf.yaml" in printed[1][-1]
 
 
@@ -215,7 +213,7 @@ def test_gke_applies_what_its_dry_run_prints(tmp_path):
   env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
   dry, real = run(GKE, *gke_args("--dry-run", "--", *OVERRIDES)), run(GKE, *gke_args("--", *OVERRIDES), env=env)
   assert real.returncode == 0 and "rl-8b created" in real.stdout, real.stderr
-  [call] = read_calls(calls)
+  [call] = read_jsonl(calls)
   assert call["argv"] == ["kubectl", "apply", "-f", "-"]
   assert yaml.safe_load(call["stdin"]) == _manifest(dry.stdout)
 
@@ -275,7 +273,7 @@ def test_slurm_job_takes_the_first_node_as_coordinator(tmp_path):
          "SLURM_SUBMIT_DIR": str(ROOT), "PYTHON": str(_task_python(tmp_path))}
   out = run(SLURM, "--config", "configs/math_hf.yaml", "--", *OVERRIDES, env=env, cwd=tmp_path)
   assert out.returncode == 0, out.stderr
-  scontrol, srun = read_calls(calls)
+  scontrol, srun = read_jsonl(calls)
   assert scontrol["argv"] == ["scontrol", "show", "hostnames", "gpu-[a17,b03]"]
   assert _run_task(srun["argv"], 1, 2) == ["launch/train.py", "--coordinator", "gpu-a17:1234", "--num-processes", "2",
                                            "--process-id", "1", "--config", "configs/math_hf.yaml", *OVERRIDES]

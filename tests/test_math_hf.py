@@ -15,6 +15,7 @@ import pytest
 from scalerl_jax.config import ConfigError, load_config
 from scalerl_jax.model.hf import HFCheckpointError, load_pretrained
 from scalerl_jax.pipeline.job import RLJob
+from tests.pipeline_helpers import read_consumed, read_metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QWEN3 = ROOT / "tests" / "fixtures" / "hf" / "qwen3"
@@ -74,7 +75,7 @@ def test_math_hf_recipe_trains_an_imported_checkpoint_and_resumes(tmp_path):
     np.testing.assert_array_equal(a, np.asarray(b))  # training starts from the checkpoint's weights
   job._lock.release()
   job.run()
-  lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  lines = read_metrics(tmp_path / "run")
   assert [l["step"] for l in lines] == [0, 1, 2, 3] and all("train/loss" in l for l in lines[1:])
   assert sum(l["train/grad_norm"] > 0 for l in lines[1:]) >= 2
   _assert_updates_kept(job, start)
@@ -82,7 +83,7 @@ def test_math_hf_recipe_trains_an_imported_checkpoint_and_resumes(tmp_path):
   resumed = RLJob(load_config(ROOT / "configs" / "math_hf.yaml", [*overrides, "pipeline.steps=4"]), progress=False)
   resumed.run()
   assert resumed.start_step == 3 and resumed.ckpt.latest_step() == 4
-  prompts = [json.loads(l)["step"] for l in (tmp_path / "run" / "consumed_prompts.jsonl").read_text().splitlines()]
+  prompts = [r["step"] for r in read_consumed(tmp_path / "run")]
   assert prompts == [0, 1, 2, 3]
 
 

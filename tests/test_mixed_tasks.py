@@ -177,7 +177,7 @@ def test_short_mixed_run_scores_code_in_the_sandbox_and_reports_per_task(tmp_pat
   from scalerl_jax.pipeline.job import RLJob
   from scalerl_jax.rewards.sandbox import Sandbox, SandboxUnavailable
   from scalerl_jax.config import SandboxConfig
-  from tests.pipeline_helpers import tiny_config
+  from tests.pipeline_helpers import read_metrics, tiny_config
   try:
     Sandbox(SandboxConfig()).check_available()
   except SandboxUnavailable as exc:
@@ -187,7 +187,7 @@ def test_short_mixed_run_scores_code_in_the_sandbox_and_reports_per_task(tmp_pat
                     "data.reward_workers=1", "data.reward_timeout_s=10")
   job = RLJob(cfg, progress=False)
   job.run_sync()
-  rows = [json.loads(l) for l in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
+  rows = read_metrics(job.run_dir)
   steps = [r for r in rows if "train/loss" in r]
   assert all(r["train/math/prompts"] == r["train/code/prompts"] == 2 for r in steps)
   last = rows[-1]

@@ -4,7 +4,6 @@ decode against the full forward, a train step on an expert-parallel mesh, and ro
 recorded experts to the trainer's forward."""
 
 import dataclasses
-import json
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +17,6 @@ from scalerl_jax.mesh import Layout
 from scalerl_jax.model import Routing, make_policy, token_logprobs, token_logprobs_routed
 from scalerl_jax.model.moe import MoE, RouterStats, load_balance_loss, z_loss
 from scalerl_jax.pipeline.batching import pack_groups
-from scalerl_jax.pipeline.job import RLJob
 from scalerl_jax.rollout.driver import RolloutDriver
 from scalerl_jax.rollout.engine import Engine
 from scalerl_jax.rollout.sampling import SamplingParams
@@ -26,7 +24,7 @@ from scalerl_jax.train.rl_loss import PromptLayout, make_rl_loss, router_metrics
 from scalerl_jax.train.state import init_train_state, make_optimizer, state_shardings
 from scalerl_jax.train.step import make_train_step
 from tests.model_helpers import full_and_cached
-from tests.pipeline_helpers import tiny_config
+from tests.pipeline_helpers import read_metrics, tiny_job
 
 CFG = ModelConfig(family="moe", vocab_size=32, hidden=32, intermediate=48, num_layers=3, num_heads=4, num_kv_heads=2,
                   head_dim=16, max_seq_len=32, num_experts=4, experts_per_token=2, moe_intermediate=24,
@@ -332,10 +330,10 @@ def test_pipeline_run_with_an_moe_policy_reports_routing(tmp_path):
          "mesh.generator_devices=4", "mesh.spec=data=1,fsdp=1,tensor=1,expert=4",
          "mesh.generator_spec=data=2,tensor=1,expert=2", "pipeline.max_lag=1", "pipeline.steps=4",
          "pipeline.eval_every=0", "checkpoint.every_steps=100", "trainer.micro_batches=2"]
-  job = RLJob(tiny_config(tmp_path, *moe), progress=False)
+  job = tiny_job(tmp_path, *moe)
   job.run()
   assert job.state.params["blocks"][1]["moe"]["gate"].sharding.spec[0] == "expert"
-  rows = [json.loads(l) for l in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
+  rows = read_metrics(job.run_dir)
   steps = [r for r in rows if "train/loss" in r]
   assert [r["step"] for r in steps] == [1, 2, 3, 4]
   for r in steps:

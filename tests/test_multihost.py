@@ -10,7 +10,6 @@ new ones with the prompt sequence continuing; a process that fails ends both.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import signal
@@ -20,7 +19,7 @@ import sys
 
 import pytest
 
-from tests.pipeline_helpers import TINY, tiny_config
+from tests.pipeline_helpers import TINY, read_consumed, read_jsonl, read_metrics, tiny_config, tiny_job
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIMEOUT_S = 300  # one two-process run; they take 10-30 s on 2 idle cores
@@ -69,12 +68,8 @@ def _ok(results) -> None:
     assert code == 0, f"process {i} exited {code}:\n{err[-4000:]}"
 
 
-def _metrics(path) -> list[dict]:
-  return [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
-
-
 def _consumed(run_dir) -> list[tuple[int, list[str]]]:
-  return [(r["step"], r["prompt_ids"]) for r in _metrics(pathlib.Path(run_dir) / "consumed_prompts.jsonl")]
+  return [(r["step"], r["prompt_ids"]) for r in read_consumed(run_dir)]
 
 
 def _stream_order(run_dir, steps: int) -> list[list[str]]:
@@ -98,15 +93,13 @@ def test_colocated_run_equals_one_process_and_resumes(tmp_path):
   run_dir = tmp_path / "colocated"
   overrides = ("pipeline.steps=4", "pipeline.max_lag=0", "logging.every_process=true")
   _ok(run_processes(run_dir, *overrides))
-  two = _metrics(run_dir / "metrics.jsonl")
-  other = _metrics(run_dir / "metrics.process1.jsonl")
+  two = read_metrics(run_dir)
+  other = read_jsonl(run_dir / "metrics.process1.jsonl")
   assert [r["pipeline/version"] for r in two[1:]] == [1, 2, 3, 4]  # versions advance (line 0: the step-0 eval)
   assert [r["train/loss"] for r in other[1:]] == [r["train/loss"] for r in two[1:]]  # both computed the same
 
-  from scalerl_jax.pipeline.job import RLJob  # the same run in this process, on its 8 devices
-
-  RLJob(tiny_config(tmp_path / "one", *overrides), progress=False).run()
-  one = _metrics(tmp_path / "one" / "metrics.jsonl")
+  tiny_job(tmp_path / "one", *overrides).run()  # the same run in this process, on its 8 devices
+  one = read_metrics(tmp_path / "one")
   assert len(one) == len(two) == 5
   assert any(r.get("train/loss") for r in one)  # the comparison below is not between zeros
   for a, b in zip(one, two):
@@ -128,10 +121,10 @@ def test_disaggregated_weights_lag_and_resume(tmp_path):
   k = 2
   overrides = ("mesh.generator_processes=1", f"pipeline.max_lag={k}", "logging.every_process=true")
   _ok(run_processes(run_dir, "pipeline.steps=4", *overrides))
-  metrics = _metrics(run_dir / "metrics.jsonl")[1:]
+  metrics = read_metrics(run_dir)[1:]
   assert [r["pipeline/version"] for r in metrics] == [1, 2, 3, 4]
   # after every sync the generator holds exactly the trainer's params
-  received = {r["version"]: r["checksum"] for r in _metrics(run_dir / "weights.process1.jsonl")}
+  received = {r["version"]: r["checksum"] for r in read_jsonl(run_dir / "weights.process1.jsonl")}
   sent = {r["pipeline/version"]: r["pipeline/weight_checksum"] for r in metrics}
   assert set(sent) <= set(received) and len(set(sent.values())) == len(sent)  # (the params changed every step)
   assert {v: received[v] for v in sent} == sent
@@ -143,7 +136,7 @@ def test_disaggregated_weights_lag_and_resume(tmp_path):
   consumed = _consumed(run_dir)
   assert [s for s, _ in consumed] == list(range(6))
   assert [ids for _, ids in consumed] == _stream_order(run_dir, 6)  # one generator reads the stream in order
-  assert [r["pipeline/version"] for r in _metrics(run_dir / "metrics.jsonl")[1:]] == list(range(1, 7))
+  assert [r["pipeline/version"] for r in read_metrics(run_dir)[1:]] == list(range(1, 7))
 
 
 def test_one_trainer_and_two_generators(tmp_path):
@@ -151,11 +144,11 @@ def test_one_trainer_and_two_generators(tmp_path):
   run_dir = tmp_path / "three"
   _ok(run_processes(run_dir, "pipeline.steps=3", "mesh.generator_processes=2", "pipeline.max_lag=1",
                     "logging.every_process=true", n=3, devices=2, timeout=240))
-  metrics = _metrics(run_dir / "metrics.jsonl")[1:]
+  metrics = read_metrics(run_dir)[1:]
   assert [r["pipeline/version"] for r in metrics] == [1, 2, 3]
   sent = {r["pipeline/version"]: r["pipeline/weight_checksum"] for r in metrics}
   for g in (1, 2):  # each generator holds the trainer's params after every sync
-    received = {r["version"]: r["checksum"] for r in _metrics(run_dir / f"weights.process{g}.jsonl")}
+    received = {r["version"]: r["checksum"] for r in read_jsonl(run_dir / f"weights.process{g}.jsonl")}
     assert {v: received[v] for v in sent} == sent
   consumed = _consumed(run_dir)
   assert [sorted(ids) for _, ids in consumed] == [sorted(ids) for ids in _stream_order(run_dir, 3)]

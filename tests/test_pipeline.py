@@ -1,7 +1,6 @@
 """PipelineRL-k on disjoint meshes (4 generator + 4 trainer devices): k = 0 equals the synchronous loop bit for
 bit, the staleness bound holds with in-flight weight updates, weight sync, PPO-off-policy-k, failure handling."""
 
-import json
 import threading
 import time
 
@@ -11,26 +10,16 @@ import pytest
 
 from scalerl_jax.pipeline.job import RLJob
 from scalerl_jax.pipeline.orchestrator import PipelineError
-from tests.pipeline_helpers import tiny_config
-
-SPLIT = ["mesh.generator_devices=4", "mesh.spec=data=-1", "mesh.generator_spec=data=-1,tensor=1"]
-
-
-def _metrics(job):
-  return [json.loads(l) for l in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _prompts(job):
-  return [json.loads(l)["prompt_ids"] for l in (job.run_dir / "consumed_prompts.jsonl").read_text().splitlines()]
+from tests.pipeline_helpers import SPLIT, consume_after_generating, consumed_prompt_ids, read_metrics, tiny_job
 
 
 @pytest.fixture(scope="module")
 def k0_runs(tmp_path_factory):
   base = tmp_path_factory.mktemp("k0")
   overrides = [*SPLIT, "pipeline.max_lag=0", "pipeline.steps=4"]
-  piped = RLJob(tiny_config(base / "pipeline", *overrides), progress=False)
+  piped = tiny_job(base / "pipeline", *overrides)
   piped.run()
-  sync = RLJob(tiny_config(base / "sync", *overrides), progress=False)
+  sync = tiny_job(base / "sync", *overrides)
   sync.run_sync()
   return piped, sync
 
@@ -41,10 +30,10 @@ def test_k0_pipeline_equals_synchronous_loop_bitwise(k0_runs):
   assert piped._generator is not None and piped._generator.stats.busy_s > 0 and sync._generator is None
   assert len(piped.trainer_layout.devices) == 4 and set(piped.trainer_layout.devices).isdisjoint(
       piped.generator_layout.devices)
-  assert _prompts(piped) == _prompts(sync)
+  assert consumed_prompt_ids(piped.run_dir) == consumed_prompt_ids(sync.run_dir)
   for a, b in zip(jax.tree.leaves(piped.state.params), jax.tree.leaves(sync.state.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  ma, mb = _metrics(piped), _metrics(sync)
+  ma, mb = read_metrics(piped.run_dir), read_metrics(sync.run_dir)
   assert [r["step"] for r in ma] == [0, 1, 2, 3, 4]
   for ra, rb in zip(ma, mb):
     for key in ("train/loss", "train/reward_mean", "eval/pass_rate"):
@@ -69,23 +58,11 @@ def test_staleness_bound_holds(tmp_path, mode, k):
   PipelineRL-k, the rest of the round under PPO-off-policy-k). Those batches are then generated entirely at
   version s, so the lag of every consumed token is known exactly."""
   steps = 6
-  job = RLJob(tiny_config(tmp_path, *SPLIT, f"pipeline.mode={mode}", f"pipeline.max_lag={k}",
-                          f"pipeline.steps={steps}", "pipeline.eval_every=0", "checkpoint.every_steps=100"),
-              progress=False)
-  consume = job.consume
-
-  def consume_when_generator_is_at_the_bound(batch, wait_s=0.0):
-    s = batch.index
-    last = min(s + k, steps - 1) if mode == "pipeline" else min((s // k + 1) * k - 1, steps - 1)
-    deadline = time.monotonic() + 120
-    while not all(b == s or job._generator.out.ready(b) for b in range(s, last + 1)):
-      assert job._generator.is_alive() and time.monotonic() < deadline, "generator stopped short of the bound"
-      time.sleep(0.005)
-    return consume(batch, wait_s)
-
-  job.consume = consume_when_generator_is_at_the_bound
+  job = tiny_job(tmp_path, *SPLIT, f"pipeline.mode={mode}", f"pipeline.max_lag={k}", f"pipeline.steps={steps}",
+                 "pipeline.eval_every=0", "checkpoint.every_steps=100")
+  consume_after_generating(job, lambda s: min(s + k if mode == "pipeline" else (s // k + 1) * k - 1, steps - 1))
   job.run()
-  rows = [r for r in _metrics(job) if "pipeline/lag_max" in r]
+  rows = [r for r in read_metrics(job.run_dir) if "pipeline/lag_max" in r]
   assert [r["step"] for r in rows] == list(range(1, steps + 1))
   if mode == "pipeline":  # batch b was generated at version max(b - k, 0): lag min(b, k), at the bound from b = k
     expected = [min(b, k) for b in range(steps)]
@@ -96,7 +73,7 @@ def test_staleness_bound_holds(tmp_path, mode, k):
 
 
 def test_generator_exception_ends_run_with_its_traceback(tmp_path):
-  job = RLJob(tiny_config(tmp_path, *SPLIT, "pipeline.steps=6", "pipeline.eval_every=0"), progress=False)
+  job = tiny_job(tmp_path, *SPLIT, "pipeline.steps=6", "pipeline.eval_every=0")
   calls = []
 
   def exploding_score(groups):
@@ -125,10 +102,10 @@ def test_resume_with_an_incompatible_config_is_refused(k0_runs):
   from scalerl_jax.train.checkpoint import ResumeError
   piped, _ = k0_runs
   assert piped.ckpt.latest_step() == 4
-  changed = RLJob(tiny_config(piped.run_dir, *SPLIT, "pipeline.max_lag=0", "loss.name=dapo"), progress=False)
+  changed = tiny_job(piped.run_dir, *SPLIT, "pipeline.max_lag=0", "loss.name=dapo")
   with pytest.raises(ResumeError, match="loss"):
     changed.setup()
-  same = RLJob(tiny_config(piped.run_dir, *SPLIT, "pipeline.max_lag=0", "pipeline.steps=6"), progress=False)
+  same = tiny_job(piped.run_dir, *SPLIT, "pipeline.max_lag=0", "pipeline.steps=6")
   same.setup()  # the same settings (more steps) resume from step 4
   assert same.start_step == 4 and int(same.state.step) == 4
 

@@ -1,10 +1,10 @@
 """MetricsLogger: the jsonl keeps metric names as they are; TensorBoard gets legal names without warnings."""
 
-import json
 import logging
 
 from scalerl_jax.pipeline.sinks import MetricsLogger
 from scalerl_jax.scaling.io import _read_events
+from tests.pipeline_helpers import read_metrics
 
 
 def test_metrics_jsonl_and_tensorboard_names(tmp_path, caplog):
@@ -12,7 +12,7 @@ def test_metrics_jsonl_and_tensorboard_names(tmp_path, caplog):
   with caplog.at_level(logging.INFO):
     logger.write(3, {"eval/pass@4": 0.5, "eval/mean@4": 0.25, "train/loss": -0.1, "note": "text"})
   logger.close()
-  row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+  row = read_metrics(tmp_path)[0]
   assert row["step"] == 3 and row["eval/pass@4"] == 0.5 and row["note"] == "text" and "time/unix" in row
   events = _read_events(sorted((tmp_path / "tensorboard").rglob("events.out.tfevents.*")))
   tags = {k for e in events for k in e if k != "step"}
@@ -45,7 +45,7 @@ def test_generator_idle_fraction_is_of_the_time_since_the_previous_step(tmp_path
     log.flush(stats, evaluate=step == 1)  # an evaluation's early flush does not shorten the window
     stats.idle_s -= 100.0
   logger.close()
-  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  rows = read_metrics(tmp_path)
   assert [r["pipeline/generator_idle_frac"] for r in rows] == [0.1, 0.75, 0.0]  # cumulative would read 4 / 14
   assert log.meter.gen_busy_s == 11.0  # 9 + 1 + 1, the restarted generator's too
 
@@ -66,7 +66,7 @@ def test_the_advisor_gets_the_step_its_record_is_written_with(tmp_path):
   log.hold(types.StepRecord(4, device, {"rollout/tokens": 10}, 1.0, 1.0, 0.0))
   log.flush(evaluate=True)
   logger.close()
-  row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+  row = read_metrics(tmp_path)[0]
   assert seen == [row["step"]] == [5]
 
 

@@ -3,9 +3,6 @@ non-finite steps, the final evaluation, PPO-off-policy evaluation labels, NPR sn
 timing, NPR exhausting the pool, compute booked in the synchronous loop, compilation counted as compute, the
 interruption budget, metric names."""
 
-import json
-import time
-
 import jax
 import numpy as np
 import pytest
@@ -15,21 +12,11 @@ from scalerl_jax.config import ConfigError
 from scalerl_jax.data.prompt_stream import PromptsExhausted
 from scalerl_jax.pipeline import job as job_lib
 from scalerl_jax.pipeline.compute import ComputeMeter
-from scalerl_jax.pipeline.job import RLJob
 from scalerl_jax.pipeline.orchestrator import AdmissionPolicy
 from scalerl_jax.errors import UserError
 from scalerl_jax.train.step import NonFiniteError
-from tests.pipeline_helpers import tiny_config
-
-SPLIT = ["mesh.generator_devices=4", "mesh.spec=data=-1", "mesh.generator_spec=data=-1,tensor=1"]
-
-
-def _metrics(job):
-  return [json.loads(l) for l in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _prompts(job):
-  return [json.loads(l)["prompt_ids"] for l in (job.run_dir / "consumed_prompts.jsonl").read_text().splitlines()]
+from tests.pipeline_helpers import (SPLIT, consume_after_generating, consumed_prompt_ids, read_consumed, read_metrics,
+                                    tiny_config, tiny_job)
 
 
 def answer_is_even(completion: str, answer: str) -> float:
@@ -50,31 +37,31 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run_with_a_usable_che
 
   monkeypatch.setattr(job_lib, "build_train_batch", poisoned)
   # the third skip lands on a checkpoint step (checkpoint.every_steps=3): one checkpoint, not a second save of it
-  job = RLJob(tiny_config(tmp_path, "pipeline.steps=10", "trainer.max_skipped_steps=3", "pipeline.eval_every=0",
-                          "loss.zero_variance_filter=false", "checkpoint.every_steps=3"), progress=False)
+  job = tiny_job(tmp_path, "pipeline.steps=10", "trainer.max_skipped_steps=3", "pipeline.eval_every=0",
+                 "loss.zero_variance_filter=false", "checkpoint.every_steps=3")
   with pytest.raises(NonFiniteError, match="3 steps in a row .* non-finite"):
     job.run_sync()
-  initial = RLJob(tiny_config(tmp_path / "fresh", "pipeline.eval_every=0"), progress=False)
+  initial = tiny_job(tmp_path / "fresh", "pipeline.eval_every=0")
   initial.setup()
   assert int(job.state.step) == 3  # batches consumed
   for a, b in zip(jax.tree.leaves(job.state.params), jax.tree.leaves(initial.state.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # no NaN reached the params
   assert job.ckpt.latest_step() == 3
-  rows = [r for r in _metrics(job) if "train/skipped" in r]
+  rows = [r for r in read_metrics(job.run_dir) if "train/skipped" in r]
   assert [r["train/skipped"] for r in rows] == [1, 1, 1]
 
 
 def test_final_evaluation_runs_when_steps_are_a_multiple_of_the_checkpoint_interval(tmp_path):
-  job = RLJob(tiny_config(tmp_path, "pipeline.steps=4", "checkpoint.every_steps=2", "pipeline.eval_every=3",
-                          "pipeline.mode=sync"), progress=False)
+  job = tiny_job(tmp_path, "pipeline.steps=4", "checkpoint.every_steps=2", "pipeline.eval_every=3",
+                 "pipeline.mode=sync")
   job.run_sync()
-  last = _metrics(job)[-1]
+  last = read_metrics(job.run_dir)[-1]
   assert last["step"] == 4 and "eval/pass_rate" in last
 
 
 def test_ppo_offpolicy_evaluates_the_trainers_current_params(tmp_path):
-  job = RLJob(tiny_config(tmp_path, *SPLIT, "pipeline.mode=ppo_offpolicy", "pipeline.max_lag=2", "pipeline.steps=3",
-                          "pipeline.eval_every=1"), progress=False)
+  job = tiny_job(tmp_path, *SPLIT, "pipeline.mode=ppo_offpolicy", "pipeline.max_lag=2", "pipeline.steps=3",
+                 "pipeline.eval_every=1")
   seen = []
   evaluate = job.evaluator.evaluate
 
@@ -98,20 +85,10 @@ def test_npr_epoch_snapshot_does_not_depend_on_how_far_the_trainer_has_got(tmp_p
   overrides = [*SPLIT, f"pipeline.max_lag={k}", f"pipeline.steps={steps}", "pipeline.eval_every=0",
                "checkpoint.every_steps=100", "data.num_train=16", "data.npr.threshold=0.5",
                "data.reward_fn=tests.test_reliability.answer_is_even"]
-  lagging = RLJob(tiny_config(tmp_path / "lagging", *overrides), progress=False)
-  consume = lagging.consume
-
-  def trainer_waits_for_the_bound(batch, wait_s=0.0):
-    deadline = time.monotonic() + 120
-    while not all(b == batch.index or lagging._generator.out.ready(b)
-                  for b in range(batch.index, min(batch.index + k, steps - 1) + 1)):
-      assert time.monotonic() < deadline and lagging._generator.is_alive()
-      time.sleep(0.005)
-    return consume(batch, wait_s)
-
-  lagging.consume = trainer_waits_for_the_bound
+  lagging = tiny_job(tmp_path / "lagging", *overrides)
+  consume_after_generating(lagging, lambda s: min(s + k, steps - 1))
   lagging.run()
-  eager = RLJob(tiny_config(tmp_path / "eager", *overrides), progress=False)
+  eager = tiny_job(tmp_path / "eager", *overrides)
   # the generator admits a batch only once the trainer has consumed every earlier one (its data stream still
   # follows k = 2): it draws the first batch of epoch 1 after all of epoch 0 was recorded in NPR
   eager.admission = AdmissionPolicy("pipeline", 0)
@@ -119,7 +96,7 @@ def test_npr_epoch_snapshot_does_not_depend_on_how_far_the_trainer_has_got(tmp_p
   epoch = 16 // 4  # steps in epoch 0: 16 training prompts, 4 per step
   solved_at = lagging.cursor.npr._solved_at
   assert any(epoch - k <= s < epoch for s in solved_at), "precondition: prompts solved just before the boundary"
-  assert _prompts(eager) == _prompts(lagging)
+  assert consumed_prompt_ids(eager.run_dir) == consumed_prompt_ids(lagging.run_dir)
 
 
 @pytest.mark.parametrize("mode", ["sync", "pipeline"])  # the pipeline's generator thread hits it there
@@ -127,19 +104,19 @@ def test_npr_exhausting_the_pool_stops_cleanly_and_the_run_continues_with_npr_of
   overrides = [f"pipeline.mode={mode}", "pipeline.max_lag=0", "pipeline.steps=12", "data.num_train=8", "data.npr.threshold=0.5",
                "data.reward_fn=tests.test_reliability.always_one", "checkpoint.every_steps=100",
                "pipeline.eval_every=0"]
-  job = RLJob(tiny_config(tmp_path, *overrides), progress=False)
+  job = tiny_job(tmp_path, *overrides)
   with pytest.raises(PromptsExhausted, match="stopped at step 2 with a checkpoint.*data.npr.enabled=false"):
     job.run_sync() if mode == "sync" else job.run()
   assert job.ckpt.latest_step() == 2
-  again = RLJob(tiny_config(tmp_path, *overrides, "data.npr.enabled=false", "pipeline.steps=4"), progress=False)
+  again = tiny_job(tmp_path, *overrides, "data.npr.enabled=false", "pipeline.steps=4")
   again.run_sync() if mode == "sync" else again.run()
-  assert [json.loads(l)["step"] for l in (tmp_path / "consumed_prompts.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
+  assert [r["step"] for r in read_consumed(tmp_path)] == [0, 1, 2, 3]
 
 
 def test_synchronous_colocated_loop_books_generation_compute_to_the_generator(tmp_path):
-  job = RLJob(tiny_config(tmp_path, "pipeline.steps=2", "pipeline.eval_every=0"), progress=False)
+  job = tiny_job(tmp_path, "pipeline.steps=2", "pipeline.eval_every=0")
   job.run_sync()
-  last = _metrics(job)[-1]
+  last = read_metrics(job.run_dir)[-1]
   assert last["compute/generator_accelerator_seconds"] > 0 and last["compute/trainer_accelerator_seconds"] > 0
 
 
@@ -156,31 +133,29 @@ def test_compilation_inside_the_loop_is_not_compute():
 
 def test_interruption_budget_must_fit_the_completion_budget(tmp_path):
   with pytest.raises(ConfigError, match="rollout.max_new_tokens"):
-    RLJob(tiny_config(tmp_path, "rollout.max_new_tokens=8", "rollout.interruption.think_budget_max=4",
-                      "rollout.interruption.answer_budget=4"), progress=False)
+    tiny_job(tmp_path, "rollout.max_new_tokens=8", "rollout.interruption.think_budget_max=4",
+             "rollout.interruption.answer_budget=4")
 
 
 def test_data_metrics_carry_one_prefix(tmp_path):
-  job = RLJob(tiny_config(tmp_path, "pipeline.steps=1", "pipeline.eval_every=0"), progress=False)
+  job = tiny_job(tmp_path, "pipeline.steps=1", "pipeline.eval_every=0")
   job.run_sync()
-  keys = set(_metrics(job)[-1])
+  keys = set(read_metrics(job.run_dir)[-1])
   assert "data/epoch" in keys and not any(k.startswith("data/data/") for k in keys)
 
 
 def test_a_restart_is_not_compute(tmp_path):
   """What a (re)start does once happens before the compute clock starts (the reward workers are up) or is
   subtracted from it (XLA compilation inside the loop: a resumed run recompiles the rollout engine)."""
-  first = RLJob(tiny_config(tmp_path, "pipeline.mode=sync", "pipeline.steps=2", "checkpoint.every_steps=2"),
-                progress=False)
+  first = tiny_job(tmp_path, "pipeline.mode=sync", "pipeline.steps=2", "checkpoint.every_steps=2")
   first.run_sync()
-  resumed = RLJob(tiny_config(tmp_path, "pipeline.mode=sync", "pipeline.steps=4", "checkpoint.every_steps=2"),
-                  progress=False)
+  resumed = tiny_job(tmp_path, "pipeline.mode=sync", "pipeline.steps=4", "checkpoint.every_steps=2")
   seen = []
   start = resumed.meter.start
   resumed.meter.start = lambda: (seen.append(resumed.rewards._pool.started), start())
   resumed.run_sync()
   assert resumed.start_step == 2 and seen == [True]
-  lines = _metrics(resumed)
+  lines = read_metrics(resumed.run_dir)
   assert lines[-1]["compute/compile_seconds_excluded"] > lines[2]["compute/compile_seconds_excluded"]
 
 
@@ -196,10 +171,9 @@ def test_one_non_finite_step_is_skipped_and_the_run_goes_on(tmp_path, monkeypatc
 
   poison_step_1.calls = 0
   monkeypatch.setattr(job_lib, "build_train_batch", poison_step_1)
-  job = RLJob(tiny_config(tmp_path, "pipeline.steps=3", "pipeline.eval_every=0", "loss.zero_variance_filter=false"),
-              progress=False)
+  job = tiny_job(tmp_path, "pipeline.steps=3", "pipeline.eval_every=0", "loss.zero_variance_filter=false")
   job.run_sync()
-  assert [r["train/skipped"] for r in _metrics(job) if "train/skipped" in r] == [0, 1, 0]
+  assert [r["train/skipped"] for r in read_metrics(job.run_dir) if "train/skipped" in r] == [0, 1, 0]
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(job.state.params))
 
 
@@ -219,10 +193,10 @@ def test_values_that_used_to_crash_late_or_do_nothing_are_refused(override, key)
 
 def test_a_second_run_on_a_live_run_directory_is_refused(tmp_path):
   from scalerl_jax.errors import UserError
-  first = RLJob(tiny_config(tmp_path, "pipeline.steps=1", "pipeline.eval_every=0"), progress=False)
+  first = tiny_job(tmp_path, "pipeline.steps=1", "pipeline.eval_every=0")
   first.setup()  # holds the run directory
   try:
-    second = RLJob(tiny_config(tmp_path, "pipeline.steps=1", "pipeline.eval_every=0"), progress=False)
+    second = tiny_job(tmp_path, "pipeline.steps=1", "pipeline.eval_every=0")
     with pytest.raises(UserError, match="in use by another run"):
       second.setup()
   finally:
@@ -236,15 +210,15 @@ def raise_on_even_answers(completion: str, answer: str) -> float:
 
 
 def test_evaluation_counts_reward_failures(tmp_path):
-  job = RLJob(tiny_config(tmp_path, "pipeline.steps=1", "pipeline.eval_every=1", "pipeline.eval_samples=2",
-                          "data.reward_fn=tests.test_reliability.raise_on_even_answers"), progress=False)
+  job = tiny_job(tmp_path, "pipeline.steps=1", "pipeline.eval_every=1", "pipeline.eval_samples=2",
+                 "data.reward_fn=tests.test_reliability.raise_on_even_answers")
   even = sum(int(p.answer[0]) % 2 == 0 for p in job.evaluator.prompts)
   assert 0 < even < len(job.evaluator.prompts), "precondition: some eval answers fail, not all"
   try:
     job.run_sync()
   except UserError:  # a training batch whose answers are all even fails whole: fine, step 0's evaluation ran
     pass
-  first = _metrics(job)[0]
+  first = read_metrics(job.run_dir)[0]
   assert first["step"] == 0 and first["eval/reward_failures"] == even * (1 + 2)  # greedy + 2 samples each
 
 

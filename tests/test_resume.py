@@ -2,7 +2,6 @@
 at each kill point by a reward that blocks once a given step was consumed, so where the kill lands does not depend
 on speed); each resume continues the data order with no prompt lost or duplicated, and the metrics continue."""
 
-import json
 import os
 import pathlib
 import signal
@@ -14,7 +13,7 @@ from scalerl_jax.data.npr import NPRState
 from scalerl_jax.data.prompt_stream import PromptStream
 from scalerl_jax.data.tasks import make_task
 from scalerl_jax.data.tokenizer import make_tokenizer
-from tests.pipeline_helpers import PAUSE_ENV, TINY, tiny_config
+from tests.pipeline_helpers import PAUSE_ENV, TINY, read_consumed, read_metrics, tiny_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 STEPS = 8
@@ -30,10 +29,6 @@ def _env(**extra):
   env["PYTHONUNBUFFERED"] = "1"
   env["PYTHONPATH"] = str(ROOT)  # the reward function lives in tests/ (user code on the user's path)
   return env
-
-
-def _lines(path):
-  return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
 
 
 def _start(run_dir, log, **env):
@@ -65,7 +60,6 @@ def _expected_prompt_order(run_dir):
 
 def test_sigkill_after_checkpoint_and_mid_step_then_resume(tmp_path):
   run_dir = tmp_path / "run"
-  prompts_file, metrics_file = run_dir / "consumed_prompts.jsonl", run_dir / "metrics.jsonl"
   with open(tmp_path / "log.txt", "wb") as log:
     # 1. killed after the step-4 checkpoint committed and before the step-6 one: held once step 4 is consumed
     _kill_when(_start(run_dir, log, **{PAUSE_ENV: f"{run_dir}:4"}), lambda: (run_dir / "paused").exists())
@@ -74,16 +68,16 @@ def test_sigkill_after_checkpoint_and_mid_step_then_resume(tmp_path):
     # 2. resumed, then killed between checkpoints: once step 5 is consumed every reward call blocks (the held-out
     #    evaluation at version 6 comes before the step-6 checkpoint), so the run is held after step 5 for the kill
     _kill_when(_start(run_dir, log, **{PAUSE_ENV: f"{run_dir}:5"}), lambda: (run_dir / "paused").exists())
-    assert any(r["step"] == 5 for r in _lines(prompts_file))
+    assert any(r["step"] == 5 for r in read_consumed(run_dir))
     assert max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()) <= 4
     # 3. resumed to the end
     final = _start(run_dir, log)
     assert final.wait(timeout=300) == 0, (tmp_path / "log.txt").read_text()[-3000:]
 
-  consumed = _lines(prompts_file)
+  consumed = read_consumed(run_dir)
   assert [r["step"] for r in consumed] == list(range(STEPS))  # each step once, in order
   assert [r["prompt_ids"] for r in consumed] == _expected_prompt_order(run_dir)  # none lost, none twice
-  metrics = _lines(metrics_file)
+  metrics = read_metrics(run_dir)
   assert [r["step"] for r in metrics] == list(range(STEPS + 1))
   compute = [r["compute/accelerator_seconds"] for r in metrics]
   assert all(b >= a for a, b in zip(compute, compute[1:]))  # compute continues across the kills

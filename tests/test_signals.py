@@ -3,7 +3,6 @@ step boundary with a checkpoint of exactly the steps consumed, in the pipeline a
 long phases before and between steps (warm start, compilation, evaluation) stop within seconds; a second signal
 exits at once with one line. A preempted VM gives about 30 s."""
 
-import json
 import signal
 import subprocess
 import time
@@ -11,7 +10,8 @@ import time
 import pytest
 
 from tests import fault_helpers
-from tests.test_resume import ROOT, _command, _env, _lines
+from tests.pipeline_helpers import read_consumed, read_metrics, tiny_config, tiny_job
+from tests.test_resume import ROOT, _command, _env
 
 GENEROUS_S = 120  # far above the few seconds a stop takes, far below what the phases would run on for
 
@@ -25,9 +25,8 @@ def test_signal_checkpoints_at_the_step_boundary_and_exits(tmp_path, sig, flags,
   with open(log, "wb") as out_file:
     proc = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=out_file, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL)
-    prompts = run_dir / "consumed_prompts.jsonl"
     hang_guard = time.time() + 600  # only so that a broken run fails instead of hanging the suite
-    while len(_lines(prompts)) < 2:  # a few steps in: the signal lands in the middle of the loop
+    while len(read_consumed(run_dir, missing_ok=True)) < 2:  # a few steps in: the signal lands mid-loop
       if proc.poll() is not None or time.time() > hang_guard:
         proc.kill()
         pytest.fail(f"the run ended or hung before its second step:\n{log.read_text()[-3000:]}")
@@ -37,10 +36,10 @@ def test_signal_checkpoints_at_the_step_boundary_and_exits(tmp_path, sig, flags,
   out = log.read_text()
   assert proc.returncode == code, out[-3000:]
   assert f"{signal.Signals(sig).name}: checkpointing at the next step boundary" in out
-  consumed = len(_lines(prompts))
+  consumed = len(read_consumed(run_dir, missing_ok=True))
   steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
   assert steps == [consumed]  # the checkpoint holds every consumed step, and no step after it was consumed
-  assert [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()][-1] == consumed
+  assert read_metrics(run_dir)[-1]["step"] == consumed
 
 
 def test_a_refused_resume_is_one_line(tmp_path):
@@ -71,9 +70,7 @@ def test_a_second_signal_during_a_checkpoint_write_waits_for_the_write():
 
 def test_an_interrupt_before_the_first_step_stops_without_a_step(tmp_path):
   """Ctrl-C while the run compiles (the handlers are on from the start): the loop never starts."""
-  from tests.pipeline_helpers import tiny_config
-  from scalerl_jax.pipeline.job import RLJob
-  job = RLJob(tiny_config(tmp_path, "pipeline.steps=3", "pipeline.eval_every=0"), progress=False)
+  job = tiny_job(tmp_path, "pipeline.steps=3", "pipeline.eval_every=0")
   setup = job.setup
 
   def setup_then_ctrl_c():
@@ -83,7 +80,7 @@ def test_an_interrupt_before_the_first_step_stops_without_a_step(tmp_path):
   job.setup = setup_then_ctrl_c
   summary = job.run_sync()
   assert summary["steps"] == 0 and job.exit_code == 130
-  assert not (tmp_path / "consumed_prompts.jsonl").exists() or not _lines(tmp_path / "consumed_prompts.jsonl")
+  assert not read_consumed(tmp_path, missing_ok=True)
 
 
 def _start(tmp_path, overrides, faults=None):
@@ -128,7 +125,7 @@ def test_sigterm_during_the_warm_start_stops_the_run_within_seconds(tmp_path):
   assert "stopped by SIGTERM after 0 steps, during the warm start (" in out, out
   assert "not cached: the next start warms up afresh); the same command starts the run again" in out
   assert not list(cache.glob("*.safetensors"))  # a partial warm start is never taken for the finished one
-  assert not _lines(tmp_path / "run" / "metrics.jsonl")  # no step-0 evaluation ran
+  assert not read_metrics(tmp_path / "run", missing_ok=True)  # no step-0 evaluation ran
 
 
 def test_a_second_signal_exits_at_once_with_one_line(tmp_path):
@@ -150,9 +147,8 @@ def test_a_second_signal_exits_at_once_with_one_line(tmp_path):
 def test_a_signal_before_compiling_or_the_step_0_evaluation_starts_neither(tmp_path, monkeypatch, where):
   """A signal during set-up (as if during the warm start's last step or the parameter init): the train step is not
   compiled; one during the compilation: the step-0 evaluation does not run."""
-  from tests.pipeline_helpers import tiny_config
   from scalerl_jax.pipeline import job as job_lib
-  job = job_lib.RLJob(tiny_config(tmp_path, "pipeline.steps=3", "pipeline.eval_every=2"), progress=False)
+  job = tiny_job(tmp_path, "pipeline.steps=3", "pipeline.eval_every=2")
   signal_now = lambda: job._interrupt._handler(signal.SIGTERM, None)  # noqa: E731
   compiled, evaluated = [], []
   if where == "init_train_state":
@@ -169,14 +165,13 @@ def test_a_signal_before_compiling_or_the_step_0_evaluation_starts_neither(tmp_p
   assert summary["stopped"] == (f"stopped by SIGTERM after 0 steps, {expected}; the same command starts the run "
                                 "again")
   assert job.exit_code == 143 and not compiled and not evaluated
-  assert not _lines(tmp_path / "metrics.jsonl")
+  assert not read_metrics(tmp_path, missing_ok=True)
 
 
 def test_a_signal_during_an_evaluation_stops_it_and_the_resume_evaluates_that_step(tmp_path, monkeypatch):
   """SIGTERM at the first decode step of the last step's evaluation: the evaluation stops at its next decode step,
   step 2's metrics are written without it and the checkpoint holds step 2; the resumed run evaluates step 2 first
   (else a study would never see the run finished)."""
-  from tests.pipeline_helpers import tiny_config
   from scalerl_jax.pipeline.job import RLJob
   from scalerl_jax.rollout.driver import RolloutDriver
   cfg = tiny_config(tmp_path, "pipeline.steps=2", "pipeline.eval_every=2", "checkpoint.every_steps=100")
@@ -196,14 +191,14 @@ def test_a_signal_during_an_evaluation_stops_it_and_the_resume_evaluates_that_st
   assert summary["stopped"] == ("stopped by SIGTERM after 2 steps, during the evaluation at step 2; the same command "
                                 "resumes from the checkpoint of step 2")
   assert job.exit_code == 143 and eval_steps_after == []  # not one decode step after the signal
-  rows = _lines(tmp_path / "metrics.jsonl")
+  rows = read_metrics(tmp_path)
   assert [r["step"] for r in rows] == [0, 1, 2] and "eval/pass_rate" in rows[0]
   assert "eval/pass_rate" not in rows[2] and "train/grad_norm" in rows[2]
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
   monkeypatch.undo()
   resumed = RLJob(cfg, progress=False)
   assert resumed.run_sync()["steps"] == 2 and resumed.exit_code == 0
-  rows = _lines(tmp_path / "metrics.jsonl")
+  rows = read_metrics(tmp_path)
   assert [r["step"] for r in rows] == [0, 1, 2, 2] and "eval/pass_rate" in rows[3]
 
 

@@ -15,7 +15,7 @@ from scalerl_jax.scaling.curves import SigmoidParams
 from scalerl_jax.scaling.fit import fit_fixed_a
 from scalerl_jax.scaling.points import CurvePoints
 from scalerl_jax.scaling.synthetic import synthetic_run, write_run_dir
-from tests.pipeline_helpers import TINY
+from tests.pipeline_helpers import TINY, read_consumed
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -217,7 +217,7 @@ def test_a_signal_stops_the_study_after_its_run_checkpoints(tmp_path):
   import subprocess
   import sys
   import time
-  from tests.fault_helpers import child_env, jsonl
+  from tests.fault_helpers import child_env
 
   common = [*TINY, "pipeline.eval_every=0", "checkpoint.every_steps=100000"]
   path = _write_study(tmp_path, {"a": {}}, steps=100000, overrides=common)
@@ -228,7 +228,7 @@ def test_a_signal_stops_the_study_after_its_run_checkpoints(tmp_path):
                             env=child_env(None), stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
   try:
     hang_guard = time.time() + 600  # only so that a broken run fails instead of hanging the suite
-    while len(jsonl(run_dir / "consumed_prompts.jsonl")) < 2:  # the run is a few steps in
+    while len(read_consumed(run_dir, missing_ok=True)) < 2:  # the run is a few steps in
       assert proc.poll() is None and time.time() < hang_guard, err_path.read_text()[-3000:]
       time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
@@ -243,7 +243,7 @@ def test_a_signal_stops_the_study_after_its_run_checkpoints(tmp_path):
       except (ProcessLookupError, ValueError, KeyError):
         pass
   err = err_path.read_text()
-  consumed = len(jsonl(run_dir / "consumed_prompts.jsonl"))
+  consumed = len(read_consumed(run_dir, missing_ok=True))
   assert code == 143, err[-3000:]
   assert (f"study.py: study stopped by SIGTERM: run a/seed0 stopped (exit 143; its latest checkpoint is step "
           f"{consumed}); continue the study with: python ") in err, err[-3000:]

@@ -30,6 +30,8 @@ import tests.conftest  # noqa: F401  (8 CPU devices, matmul precision) before ja
 import jax
 import numpy as np
 
+from tests.pipeline_helpers import consumed_prompt_ids, read_metrics
+
 HERE = pathlib.Path(__file__).resolve().parent
 CONFIG = HERE / "golden_config.yaml"
 GOLDEN = HERE / "golden_run.json"
@@ -50,8 +52,7 @@ def golden_numbers(run_dir: pathlib.Path) -> dict:
   cfg = load_config(CONFIG, overrides=[f"run_dir={run_dir}"])
   job = RLJob(cfg, progress=False)
   job.run_sync()
-  rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-  prompts = [json.loads(l)["prompt_ids"] for l in (run_dir / "consumed_prompts.jsonl").read_text().splitlines()]
+  rows, prompts = read_metrics(run_dir), consumed_prompt_ids(run_dir)
   leaves = jax.tree_util.tree_flatten_with_path(job.state.params)[0]
   checksum = {jax.tree_util.keystr(p): [float(np.sum(np.asarray(x, np.float64))),
                                         float(np.sum(np.abs(np.asarray(x, np.float64))))] for p, x in leaves}
