@@ -183,7 +183,7 @@ class PretrainedTokenizer(HFTokenizer):
 
   def __init__(self, directory: str | pathlib.Path, chat_template: str = "", *, eos_token: Optional[str] = None,
                vocab_size: Optional[int] = None):
-    from scalerl_jax.model.hf import ID_CONFIGS, HFCheckpointError, _read_json, special_ids
+    from scalerl_jax.model.hf import ID_CONFIGS, HFCheckpointError, read_json, special_ids
 
     d = pathlib.Path(directory).expanduser()
     if not d.is_dir():
@@ -191,7 +191,7 @@ class PretrainedTokenizer(HFTokenizer):
     self._load(d / "tokenizer.json")
     self.directory, self.chat_template = d, chat_template
     tok_file = d / "tokenizer_config.json"
-    tok_cfg = _read_json(tok_file) if tok_file.is_file() else {}
+    tok_cfg = read_json(tok_file, optional=True)
     if not isinstance(tok_cfg, dict):
       raise DataError(f"{tok_file}: not a JSON object")
     self.tokenizer_config = tok_cfg
@@ -210,7 +210,7 @@ class PretrainedTokenizer(HFTokenizer):
     self.eos_id = self.eos_ids[0]
     self.bos_id = ids.bos_id
     self.pad_id = self.eos_id if ids.pad_id is None else ids.pad_id
-    model_cfg = _read_json(d / "config.json") if (d / "config.json").is_file() else {}
+    model_cfg = read_json(d / "config.json", optional=True)
     if vocab_size is None and isinstance(model_cfg.get("vocab_size"), int):
       check_vocab(self, model_cfg["vocab_size"], f"{d / 'config.json'} vocab_size")
     elif vocab_size is not None:
