@@ -25,7 +25,7 @@ import pytest
 from scalerl_jax import types
 from scalerl_jax.config import ConfigError, DataConfig
 from scalerl_jax.config.schema import SandboxConfig
-from scalerl_jax.rewards import RewardRunner, code, exact_match_reward, make_reward_runner, sandbox as sb
+from scalerl_jax.rewards import RewardRunner, code, make_reward_runner, sandbox as sb
 from scalerl_jax.rewards.code import code_reward
 from scalerl_jax.rewards.sandbox import Sandbox, SandboxUnavailable
 
@@ -327,8 +327,8 @@ def test_escapes_through_the_pool_are_scored_counted_and_the_run_goes_on(box):
   groups = [_group("code", answer, list(range(n))), _group("code", answer, [n, n + 1]), _group("math", "7", [n + 2])]
   cfg = DataConfig(reward_workers=2, reward_timeout_s=60.0)
   with pytest.raises(ValueError, match="sandbox=cfg.sandbox"):
-    make_reward_runner(cfg, {"math": exact_match_reward, "code": code_reward})
-  rewards = make_reward_runner(cfg, {"math": exact_match_reward, "code": code_reward}, sandbox=LIMITS)
+    make_reward_runner(cfg, {"math": "addition", "code": "code"})
+  rewards = make_reward_runner(cfg, {"math": "addition", "code": "code"}, sandbox=LIMITS)
   assert rewards.runners["code"].isolation == "process" and rewards.runners["math"].isolation == "inline"
   with rewards:
     rewards.start()  # checks the sandbox, then starts the code workers
@@ -350,7 +350,7 @@ def test_escapes_through_the_pool_are_scored_counted_and_the_run_goes_on(box):
     with pytest.raises(ConfigError, match="task 'poetry'.*code, math"):
       rewards.score_groups([_group("poetry", answer, [n])], lambda tokens: texts[int(tokens[0])])
     state = rewards.state()
-  resumed = make_reward_runner(cfg, {"math": exact_match_reward, "code": code_reward}, sandbox=LIMITS)
+  resumed = make_reward_runner(cfg, {"math": "addition", "code": "code"}, sandbox=LIMITS)
   resumed.load_state(json.loads(json.dumps(state)))
   assert resumed.metrics()["reward/code/cause/ok"] == 1
 

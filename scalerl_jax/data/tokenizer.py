@@ -16,7 +16,8 @@ Character vocabulary (24 ids, shared by every built-in task; the model's vocab_s
     0 PAD   1 BOS   2..11 '0'..'9'   12 '+'  13 '-'  14 '*'  15 '/'  16 '='  17 '|'  18 '$'  19 ','  20 '>'
     21 ':'  22 '('  23 ')'
 
-'$' is EOS and '|' the end-of-thinking marker (rollout.interruption.end_marker / phrase). PAD and BOS decode to ''.
+'$' is EOS and '|' the end-of-thinking marker (rollout.interruption.end_marker / phrase; both in
+scalerl_jax/markers.py, which the verifiers read too). PAD and BOS decode to ''.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 from scalerl_jax.data.chat import ChatTemplate, load_chat_template
 from scalerl_jax.data.sources import DataError
+from scalerl_jax.markers import EOS_CHAR
 
-END_MARKER = "|"  # end of thinking in the built-in tasks' completions
-EOS_CHAR = "$"
 CHARS = "0123456789+-*/=|$,>:()x"  # x: the built-in code task's variable (appended: earlier ids unchanged)
 
 

@@ -107,7 +107,7 @@ class RLJob:
     self.cursor = DataCursor(make_prompt_stream(self.task, d, self.tokenizer, s.L, npr=npr,
                                                 process_index=shard[0], process_count=shard[1]), npr,
                              max_lag=AdmissionPolicy.from_config(cfg.pipeline.mode, cfg.pipeline.max_lag).k)
-    self.rewards = make_reward_runner(d, self.task.reward, sandbox=cfg.sandbox)
+    self.rewards = make_reward_runner(d, self.task.verifiers, sandbox=cfg.sandbox)
     it = r.interruption
     self.engine = Engine(self.policy, r, self.generator_layout.mesh, rules=self.generator_layout.rules,
                          stop_ids=list(self.tokenizer.eos_ids), phrase_ids=self.tokenizer.encode(it.phrase),

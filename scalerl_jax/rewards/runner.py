@@ -41,7 +41,7 @@ Metrics (`metrics()`; totals over the run, restored on resume, except the two la
   reward/score_s         wall seconds the latest batch took to score
   reward/queue           calls queued in the pool when the latest batch was scheduled (its own and other
                          threads'; 0 inline): a pool much smaller than its queue is the bottleneck
-A run with one verifier per task (make_reward_runner with a dict; routing.TaskRewards) reports the same keys
+A run with one verifier per task (make_reward_runner with tagged tasks; routing.TaskRewards) reports the same keys
 summed over tasks and, per task, reward/<task>/<key> (for example reward/code/cause/timeout_wall).
 """
 
@@ -63,7 +63,7 @@ from scalerl_jax.errors import UserError
 from scalerl_jax.rewards import worker
 from scalerl_jax.rewards.pool import VerifierPool
 from scalerl_jax.rewards.routing import TaskRewards
-from scalerl_jax.rewards.verifiers import PRELOAD, PURE_VERIFIERS, SANDBOXED_VERIFIERS, qualified_name
+from scalerl_jax.rewards.verifiers import PRELOAD, PURE_VERIFIERS, SANDBOXED_VERIFIERS, qualified_name, verifier
 
 RewardFn = Callable[[str, str], float]
 ISOLATIONS = ("process", "inline")
@@ -328,21 +328,21 @@ class RewardRunner:
               **{f"reward/cause/{cause}": count for cause, count in sorted(self.causes.items())}}
 
 
-def make_reward_runner(cfg, task_reward: RewardFn | Mapping[str, RewardFn], *,
-                       sandbox=None) -> RewardRunner | TaskRewards:
-  """From a DataConfig and the task's verifier: one function (a RewardRunner), or a dict {task name: function}
-  (a TaskRewards: each group is scored by the function of its prompt's task). `data.reward_fn` (dotted path), if
-  set, replaces them all: one function for every task. Pure built-in verifiers run inline; anything else in
-  `data.reward_workers` worker processes (per task). A code verifier (the "code" task's function, or one named in
-  verifiers.SANDBOXED_VERIFIERS) runs programs in the sandbox: pass `sandbox` (the run's SandboxConfig,
-  cfg.sandbox); its workers are configured with it, and start() checks that the sandbox works."""
+def make_reward_runner(cfg, verifiers: Mapping[str, str], *, sandbox=None) -> RewardRunner | TaskRewards:
+  """From a DataConfig and a task's `verifiers` ({a prompt's task: the name of its verifier}, each looked up by
+  verifiers.verifier): {"": name}, prompts that carry no task, gives one RewardRunner; tagged tasks a TaskRewards
+  (each group scored by the verifier of its prompt's task). `data.reward_fn` (dotted path), if set, replaces them
+  all: one function for every task. Pure built-in verifiers run inline; anything else in `data.reward_workers`
+  worker processes (per task). A code verifier (the "code" task's, or one named in verifiers.SANDBOXED_VERIFIERS)
+  runs programs in the sandbox: pass `sandbox` (the run's SandboxConfig, cfg.sandbox); its workers are configured
+  with it, and start() checks that the sandbox works."""
   if cfg.reward_fn:
     return _runner(cfg, load_reward_fn(cfg.reward_fn), "", sandbox, name=cfg.reward_fn, ref=cfg.reward_fn)
-  if isinstance(task_reward, Mapping):
-    if not task_reward:
-      raise ValueError("make_reward_runner: the dict of reward functions per task is empty")
-    return TaskRewards({task: _runner(cfg, fn, task, sandbox) for task, fn in task_reward.items()})
-  return _runner(cfg, task_reward, "", sandbox)
+  if not verifiers or ("" in verifiers and len(verifiers) > 1):
+    raise ValueError(f"make_reward_runner: verifiers must be {{'': name}} or {{task: name}} per task, got {verifiers}")
+  if "" in verifiers:
+    return _runner(cfg, verifier(verifiers[""]), "", sandbox)
+  return TaskRewards({task: _runner(cfg, verifier(name), task, sandbox) for task, name in verifiers.items()})
 
 
 def _runner(cfg, fn: RewardFn, task: str, sandbox, name: str = "", ref: str = "") -> RewardRunner:
