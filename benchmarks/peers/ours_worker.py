@@ -6,7 +6,7 @@ batching and jitted train step), driven round by round through the job's own Pip
 Each "run N steps" runs `run_pipeline` with a fresh GeneratorThread over batches [v, v + N) and the job's own
 `consume` (what `RLJob.run` does between `start` and `end`); the job is set up once (compilation happens in
 `setup`, before the first round). PipelineRL-0 (k = 0): every batch is sampled by the params it trains, so the
-loss is on-policy. Loss: loss.name=grpo, kl_coef 0, advantages normalised by each group's std (adv_norm=prompt),
+loss is on-policy. Loss: loss.name=grpo, no KL term, advantages normalised by each group's std (adv_norm=prompt),
 each sample's token mean averaged over samples (aggregation=sample), no zero-variance filter: GRPO's settings.
 The reward is the workload's (spec "reward", a dotted name the job's reward runner imports: data.reward_fn). When
 the prompts file carries our token ids (prompt_ids) every trained group's prompt tokens are checked against them,
@@ -51,8 +51,7 @@ def run_config(spec: dict) -> RunConfig:
       rollout=RolloutConfig(max_slots=slots, max_prefill_len=width, prefill_buckets=(width,), max_new_tokens=new,
                             decode_chunk=spec.get("decode_chunk", 16), temperature=spec["temperature"],
                             interruption=InterruptionConfig(enabled=False)),
-      loss=LossConfig(name="grpo", aggregation="sample", adv_norm="prompt", kl_coef=0.0,
-                      zero_variance_filter=False),
+      loss=LossConfig(name="grpo", aggregation="sample", adv_norm="prompt", zero_variance_filter=False),
       data=DataConfig(task="file", path=spec["prompts"], eval_path=spec["prompts"], num_eval=1,
                       tokenizer=spec["checkpoint"], prompts_per_step=spec["prompts_per_step"],
                       samples_per_prompt=spec["samples"], reward_fn=spec.get("reward", "peer_common.digit_fraction"),
@@ -85,7 +84,7 @@ class OursWorker:
     from scalerl_jax.model import param_count
     cfg = self.job.cfg
     return {"system": "scalerl_jax", "jax": jax.__version__, "devices": len(jax.devices()),
-            "params": int(param_count(cfg.model)), "loss": "grpo (kl_coef 0, adv_norm prompt, aggregation sample)",
+            "params": int(param_count(cfg.model)), "loss": "grpo (no KL term, adv_norm prompt, aggregation sample)",
             "optimizer": dataclasses.asdict(cfg.optimizer), "pipeline": "PipelineRL-0 (run_pipeline, k = 0)",
             "prompt_width": cfg.rollout.max_prefill_len, "kv_cache": cfg.model.max_seq_len,
             "decode_chunk": cfg.rollout.decode_chunk}

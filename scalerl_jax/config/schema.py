@@ -36,7 +36,6 @@ RopeScaling = Literal["default", "llama3"]  # "llama3": Llama-3.1 frequency scal
 LossName = Literal["cispo", "reinforce", "grpo", "ppo", "dapo", "gspo"]
 Aggregation = Literal["prompt", "sample", "token", "seq_mean_token_sum"]
 AdvNorm = Literal["batch", "prompt", "none"]
-KLEstimator = Literal["k1", "k3"]
 # mixed: addition + code; word_problems: English arithmetic for a pretrained instruct model
 TaskName = Literal["addition", "countdown", "code", "word_problems", "mixed", "file"]
 TaskMix = Literal["shuffled", "ratio"]  # how data.task=mixed fills batches
@@ -182,8 +181,6 @@ class LossConfig(_Choices):
   gspo_eps_low: float = 3e-3
   gspo_eps_high: float = 5e-3
   log_ratio_clamp: float = 20.0  # |log pi - log pi_gen| clamped before exp
-  kl_coef: float = 0.0  # must stay 0 until a reference policy fills TrainBatch.ref_logprobs
-  kl_estimator: KLEstimator = "k3"
   zero_variance_filter: bool = True
   # truncated samples stay in the loss on the CPU default's tiny budget (the 8B recipe excludes them)
   exclude_truncated: bool = False
@@ -384,8 +381,14 @@ def _group_keys(cls: type, prefix: str = "") -> dict:
 _GROUP_KEYS = _group_keys(RunConfig)  # LossConfig -> "loss", NPRConfig -> "data.npr", ...
 # Every name-valued key and its options, read off the Literal types (a view for help texts and benchmarks).
 CHOICES = {f"{key}.{name}": options for cls, key in _GROUP_KEYS.items() for name, options in _literal_fields(cls)}
-# Keys that moved to another group: an old file or override that uses one is told where it went.
-_MOVED = {"pipeline.micro_batches": "trainer.micro_batches", "pipeline.shared_prompt": "trainer.shared_prompt"}
+# Spellings a config no longer takes: a file or override that uses one is refused with where it went (load.py
+# checks every source before merging it), never read as something else.
+MOVED = {  # old key -> its new key
+    "pipeline.micro_batches": "trainer.micro_batches",
+    "pipeline.shared_prompt": "trainer.shared_prompt",
+}
+_NO_REFERENCE = "a KL penalty needs a reference policy, which does not exist yet"
+REMOVED = {"loss.kl_coef": _NO_REFERENCE, "loss.kl_estimator": _NO_REFERENCE}  # old key -> why it went
 
 __all__ = [
     "AdvNorm",
@@ -399,7 +402,6 @@ __all__ = [
     "DType",
     "DataConfig",
     "InterruptionConfig",
-    "KLEstimator",
     "KVCacheDType",
     "LoggingConfig",
     "LongPrompts",

@@ -83,8 +83,6 @@ def validate(cfg: RunConfig) -> RunConfig:
   need(l.eps_high > 0, "loss.eps_high", "must be positive")
   need(l.dual_clip is None or l.dual_clip > 1, "loss.dual_clip", "must be > 1 or null")
   need(l.log_ratio_clamp > 0, "loss.log_ratio_clamp", "must be positive")
-  need(l.kl_coef == 0, "loss.kl_coef", "must be 0: a KL penalty needs a reference policy, which is not implemented "
-       "yet (nothing fills TrainBatch.ref_logprobs)")
   need(0 < l.length_penalty_cache < l.length_penalty_max, "loss.length_penalty_cache",
        f"must be in (0, loss.length_penalty_max={l.length_penalty_max})")
   d = cfg.data

@@ -45,13 +45,12 @@ def completion_view(batch: types.TrainBatch, cols_BN) -> types.TrainBatch:
   """The batch's per-token arrays read at columns `cols_BN` (each row's completion), loss off past the row."""
   T = batch.tokens.shape[1]
   inside_BN = cols_BN < T
-  take = lambda x_BT: None if x_BT is None else jnp.take_along_axis(jnp.asarray(x_BT), jnp.minimum(cols_BN, T - 1),
-                                                                    axis=1)
+  take = lambda x_BT: jnp.take_along_axis(jnp.asarray(x_BT), jnp.minimum(cols_BN, T - 1), axis=1)
   off = lambda x_BN: jnp.where(inside_BN, x_BN, 0)
   return types.TrainBatch(tokens=take(batch.tokens), loss_mask=off(take(batch.loss_mask)),
                           gen_logprobs=take(batch.gen_logprobs), advantages=batch.advantages,
-                          token_weights=off(take(batch.token_weights)), sample_weights=batch.sample_weights,
-                          ref_logprobs=take(batch.ref_logprobs))  # routes: the forward reads them, the loss not
+                          token_weights=off(take(batch.token_weights)),
+                          sample_weights=batch.sample_weights)  # routes: the forward reads them, the loss not
 
 
 def make_rl_loss(policy: Policy, cfg: LossConfig, temperature: float, layout: Optional[PromptLayout] = None,
