@@ -389,7 +389,7 @@ CHECK_OVERRIDES = [
     "mesh.generator_devices=4", "mesh.spec=data=-1", "mesh.generator_spec=data=-1,tensor=1",
     "rollout.max_slots=32", "rollout.decode_chunk=4", "trainer.batch_buckets=1", "data.prompts_per_step=16",
     "data.samples_per_prompt=8",
-    "data.num_train=4000", "data.num_eval=8", "data.reward_fn=tests.pipeline_helpers.reward_digit_one",
+    "data.num_train=4000", "data.num_eval=8", "reward.fn=tests.pipeline_helpers.reward_digit_one",
     "warm_start.enabled=false", "pipeline.eval_every=0", "checkpoint.every_steps=100000", "logging.tensorboard=false",
     "logging.progress=false",
 ]

@@ -69,8 +69,8 @@ def test_train_config_file_errors(tmp_path, name, data, message):
 
 def test_train_errors_raised_while_building_the_job(tmp_path):
   run_dir = tmp_path / "run"
-  proc = _run(TRAIN, f"run_dir={run_dir}", "data.reward_fn=no_such_module.reward", *CHEAP, cwd=tmp_path)
-  assert "data.reward_fn: cannot import module 'no_such_module'" in _one_line_error(proc, "train.py")
+  proc = _run(TRAIN, f"run_dir={run_dir}", "reward.fn=no_such_module.reward", *CHEAP, cwd=tmp_path)
+  assert "reward.fn: cannot import module 'no_such_module'" in _one_line_error(proc, "train.py")
   (tmp_path / "tok").mkdir()
   (tmp_path / "tok" / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "WordLe')
   proc = _run(TRAIN, f"run_dir={run_dir}", f"data.tokenizer={tmp_path / 'tok'}", *CHEAP, cwd=tmp_path)
@@ -86,6 +86,14 @@ def test_train_run_dir_that_is_a_file(tmp_path):
   proc = _run(TRAIN, f"run_dir={a_file / 'sub'}", *CHEAP, cwd=tmp_path)
   assert _one_line_error(proc, "train.py") == f"train.py: error: run_dir {a_file / 'sub'}: cannot create it (Not a " \
                                              "directory)"
+
+
+def test_old_spellings_are_refused_with_their_new_names(tmp_path):
+  """A moved key in a YAML file names its new key: one line, before any work."""
+  old = _yaml(tmp_path, "old.yaml", b"data:\n  reward_timeout_s: 3.0\n")
+  proc = _run(TRAIN, "--config", old, *CHEAP, cwd=tmp_path)
+  assert _one_line_error(proc, "train.py") == (f"train.py: error: data.reward_timeout_s: moved to reward.timeout_s "
+                                              f"in {old}")
 
 
 def test_fit_curve_errors(tmp_path):
@@ -151,13 +159,13 @@ def test_a_user_error_from_the_generator_thread_prints_its_cause(fake_job, tmp_p
   from scalerl_jax.pipeline.orchestrator import PipelineError
   try:
     try:
-      raise DataError("data.reward_fn: every call of tests.bad.reward raised ZeroDivisionError")
+      raise DataError("reward.fn: every call of tests.bad.reward raised ZeroDivisionError")
     except DataError as cause:
       raise PipelineError("generator thread failed:\nTraceback (most recent call last):\n  ...") from cause
   except PipelineError as exc:
     fake_job.raises = exc
   err = _main_error(capsys, [f"run_dir={tmp_path / 'r'}"])
-  assert err == "train.py: error: data.reward_fn: every call of tests.bad.reward raised ZeroDivisionError\n"
+  assert err == "train.py: error: reward.fn: every call of tests.bad.reward raised ZeroDivisionError\n"
   fake_job.raises = PipelineError("generator thread failed: a bug")  # no user error in the chain: a traceback
   with pytest.raises(PipelineError):
     train.main([f"run_dir={tmp_path / 'r'}"])

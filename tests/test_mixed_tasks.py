@@ -182,9 +182,9 @@ def test_short_mixed_run_scores_code_in_the_sandbox_and_reports_per_task(tmp_pat
     Sandbox(SandboxConfig()).check_available()
   except SandboxUnavailable as exc:
     pytest.skip(f"no usable sandbox here: {exc}")
-  cfg = tiny_config(tmp_path, "data.task=mixed", "data.reward_fn=", "data.task_mix=ratio", "data.num_eval=8",
+  cfg = tiny_config(tmp_path, "data.task=mixed", "reward.fn=", "data.task_mix=ratio", "data.num_eval=8",
                     "rollout.interruption.answer_budget=7", "pipeline.steps=10", "pipeline.eval_every=2",
-                    "data.reward_workers=1", "data.reward_timeout_s=10")
+                    "reward.workers=1", "reward.timeout_s=10")
   job = RLJob(cfg, progress=False)
   job.run_sync()
   rows = [json.loads(l) for l in (job.run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -97,7 +97,7 @@ def test_npr_epoch_snapshot_does_not_depend_on_how_far_the_trainer_has_got(tmp_p
   k, steps = 2, 8
   overrides = [*SPLIT, f"pipeline.max_lag={k}", f"pipeline.steps={steps}", "pipeline.eval_every=0",
                "checkpoint.every_steps=100", "data.num_train=16", "data.npr.threshold=0.5",
-               "data.reward_fn=tests.test_reliability.answer_is_even"]
+               "reward.fn=tests.test_reliability.answer_is_even"]
   lagging = RLJob(tiny_config(tmp_path / "lagging", *overrides), progress=False)
   consume = lagging.consume
 
@@ -125,7 +125,7 @@ def test_npr_epoch_snapshot_does_not_depend_on_how_far_the_trainer_has_got(tmp_p
 @pytest.mark.parametrize("mode", ["sync", "pipeline"])  # the pipeline's generator thread hits it there
 def test_npr_exhausting_the_pool_stops_cleanly_and_the_run_continues_with_npr_off(tmp_path, mode):
   overrides = [f"pipeline.mode={mode}", "pipeline.max_lag=0", "pipeline.steps=12", "data.num_train=8", "data.npr.threshold=0.5",
-               "data.reward_fn=tests.test_reliability.always_one", "checkpoint.every_steps=100",
+               "reward.fn=tests.test_reliability.always_one", "checkpoint.every_steps=100",
                "pipeline.eval_every=0"]
   job = RLJob(tiny_config(tmp_path, *overrides), progress=False)
   with pytest.raises(PromptsExhausted, match="stopped at step 2 with a checkpoint.*data.npr.enabled=false"):
@@ -204,8 +204,8 @@ def test_one_non_finite_step_is_skipped_and_the_run_goes_on(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("override,key", [
-    ("optimizer.lr=inf", "optimizer.lr"), ("data.failure_reward=nan", "data.failure_reward"),
-    ("data.failure_reward=0.5", "data.failure_reward"),  # above the 01 scale's lowest reward: beats a wrong answer
+    ("optimizer.lr=inf", "optimizer.lr"), ("reward.on_failure=nan", "reward.on_failure"),
+    ("reward.on_failure=0.5", "reward.on_failure"),  # above the 01 scale's lowest reward: beats a wrong answer
     ("checkpoint.every_steps=0", "checkpoint.every_steps"), ("warm_start.eval_every=0", "warm_start.eval_every"),
     ("warm_start.batch_size=0", "warm_start.batch_size"), ("warm_start.batch_size=100000", "warm_start.batch_size"),
     ("warm_start.max_steps=-1", "warm_start.max_steps"), ("data.num_eval=0", "data.num_eval")])
@@ -213,8 +213,8 @@ def test_values_that_used_to_crash_late_or_do_nothing_are_refused(override, key)
   from scalerl_jax.config import load_config
   with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
     load_config(overrides=[override])
-  if key == "data.failure_reward" and override.endswith("0.5"):
-    assert load_config(overrides=["data.reward_scale=pm1", "data.failure_reward=-1"]).data.failure_reward == -1
+  if key == "reward.on_failure" and override.endswith("0.5"):
+    assert load_config(overrides=["reward.scale=pm1", "reward.on_failure=-1"]).reward.on_failure == -1
 
 
 def test_a_second_run_on_a_live_run_directory_is_refused(tmp_path):
@@ -237,7 +237,7 @@ def raise_on_even_answers(completion: str, answer: str) -> float:
 
 def test_evaluation_counts_reward_failures(tmp_path):
   job = RLJob(tiny_config(tmp_path, "pipeline.steps=1", "pipeline.eval_every=1", "pipeline.eval_samples=2",
-                          "data.reward_fn=tests.test_reliability.raise_on_even_answers"), progress=False)
+                          "reward.fn=tests.test_reliability.raise_on_even_answers"), progress=False)
   even = sum(int(p.answer[0]) % 2 == 0 for p in job.evaluator.prompts)
   assert 0 < even < len(job.evaluator.prompts), "precondition: some eval answers fail, not all"
   try:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from scalerl_jax import types
-from scalerl_jax.config import ConfigError, DataConfig
+from scalerl_jax.config import ConfigError, RewardConfig
 from scalerl_jax.config.schema import SandboxConfig
 from scalerl_jax.errors import UserError
 from scalerl_jax.rewards import (VERIFIERS, RewardError, RewardRunner, RunResult, Scored, TaskRewards, code,
@@ -171,8 +171,8 @@ def test_the_pool_scores_bit_for_bit_like_the_inline_path_and_from_two_threads_a
 
 def test_a_wrong_signature_or_an_unsendable_function_is_refused_when_the_runner_is_built():
   for name in ("one_argument", "three_arguments"):
-    with pytest.raises(ConfigError, match=rf"data\.reward_fn: .*{name}.*cannot be called as fn\(completion"):
-      make_reward_runner(DataConfig(reward_fn=f"tests.test_rewards_faulty.{name}"), {"": "addition"})
+    with pytest.raises(ConfigError, match=rf"reward\.fn: .*{name}.*cannot be called as fn\(completion"):
+      make_reward_runner(RewardConfig(fn=f"tests.test_rewards_faulty.{name}"), {"": "addition"})
   with pytest.raises(ConfigError, match="module-level function"):
     RewardRunner(lambda c, a: 1.0)  # process isolation needs a function its dotted path imports
 
@@ -284,23 +284,24 @@ def test_load_reward_fn_by_dotted_path():
 
 
 def test_make_reward_runner_prefers_the_configured_function_and_picks_the_isolation():
-  cfg = DataConfig(reward_fn="tests.test_rewards_faulty.raises_on_boom", reward_timeout_s=1.5, failure_reward=-1.0,
-                   reward_scale="pm1", reward_workers=3)
+  cfg = RewardConfig(fn="tests.test_rewards_faulty.raises_on_boom", timeout_s=1.5, on_failure=-1.0, scale="pm1",
+                     workers=3)
   runner = make_reward_runner(cfg, {"": "addition"})
   assert runner.fn is faulty.raises_on_boom and runner.timeout_s == 1.5 and runner.scale == "pm1"
   assert runner.isolation == "process" and runner._pool.workers == 3 and not runner._pool.started
-  default = make_reward_runner(DataConfig(), {"": "addition"})
+  default = make_reward_runner(RewardConfig(), {"": "addition"})
   assert default.fn is exact_match_reward and default.isolation == "inline"
-  assert make_reward_runner(DataConfig(reward_scale="pm1"), {"": "addition"}).failure_reward == -1.0
+  assert make_reward_runner(RewardConfig(scale="pm1"), {"": "addition"}).failure_reward == -1.0
   for task, isolation in [("addition", "inline"), ("countdown", "inline"), ("math", "process"),
                           ("word_problems", "process")]:
-    assert make_reward_runner(DataConfig(), {"": task}).isolation == isolation
+    assert make_reward_runner(RewardConfig(), {"": task}).isolation == isolation
 
 
 def test_a_verifier_is_looked_up_by_task_name_in_one_registry():
   """Every task names its verifiers in one form ({prompt task: verifier name}) and make_reward_runner looks each up
   in one registry: untagged prompts get one runner, tagged tasks one runner per task."""
   from scalerl_jax.data.tasks import AdditionTask, MixedTask
+  from scalerl_jax.config import DataConfig
 
   assert verifier("addition") is exact_match_reward and verifier("countdown") is countdown_reward
   assert verifier("code") is code_reward and verifier("math") is math_verify_reward
@@ -309,11 +310,11 @@ def test_a_verifier_is_looked_up_by_task_name_in_one_registry():
   assert AdditionTask(2, num_train=20, num_eval=4, num_warmstart_val=4).verifiers == {"": "addition"}
   mixed = MixedTask(DataConfig(task="mixed", digits=2, code_digits=2, num_train=20, num_eval=4))
   assert mixed.verifiers == {"math": "addition", "code": "code"} and set(mixed.verifiers.values()) <= set(VERIFIERS)
-  rewards = make_reward_runner(DataConfig(), mixed.verifiers, sandbox=SandboxConfig())
+  rewards = make_reward_runner(RewardConfig(), mixed.verifiers, sandbox=SandboxConfig())
   assert isinstance(rewards, TaskRewards)
   assert {t: r.fn for t, r in rewards.runners.items()} == {"math": exact_match_reward, "code": code_reward}
   with pytest.raises(ValueError, match="verifiers must be"):
-    make_reward_runner(DataConfig(), {"": "addition", "code": "code"})
+    make_reward_runner(RewardConfig(), {"": "addition", "code": "code"})
 
 
 def test_rewards_import_nothing_of_data():

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from scalerl_jax import types
-from scalerl_jax.config import ConfigError, DataConfig
+from scalerl_jax.config import ConfigError, RewardConfig
 from scalerl_jax.config.schema import SandboxConfig
 from scalerl_jax.rewards import RewardRunner, code, make_reward_runner, sandbox as sb
 from scalerl_jax.rewards.code import code_reward
@@ -325,7 +325,7 @@ def test_escapes_through_the_pool_are_scored_counted_and_the_run_goes_on(box):
   texts = [fenced(program) for program, _ in ESCAPES.values()] + [fenced("print('ok')"), "no program", "so|7"]
   n = len(ESCAPES)
   groups = [_group("code", answer, list(range(n))), _group("code", answer, [n, n + 1]), _group("math", "7", [n + 2])]
-  cfg = DataConfig(reward_workers=2, reward_timeout_s=60.0)
+  cfg = RewardConfig(workers=2, timeout_s=60.0)
   with pytest.raises(ValueError, match="sandbox=cfg.sandbox"):
     make_reward_runner(cfg, {"math": "addition", "code": "code"})
   rewards = make_reward_runner(cfg, {"math": "addition", "code": "code"}, sandbox=LIMITS)
@@ -356,7 +356,7 @@ def test_escapes_through_the_pool_are_scored_counted_and_the_run_goes_on(box):
 
 
 def test_the_pool_keeps_scoring_after_a_worker_is_killed(box):
-  """A program that outlives data.reward_timeout_s (its own wall limit is longer) gets its worker killed by the
+  """A program that outlives reward.timeout_s (its own wall limit is longer) gets its worker killed by the
   pool; bubblewrap dies with the worker (--die-with-parent) and the next batch runs on a fresh worker."""
   marker = f"scalerl-sandbox-orphan-{os.getpid()}"
   slow = dataclasses.replace(LIMITS, wall_s=1000.0, cpu_s=1000.0)

@@ -9,8 +9,8 @@
 
 from scalerl_jax.config.load import PATH_KEYS, absolute_paths, load_config, to_yaml
 from scalerl_jax.config.schema import *  # noqa: F401,F403  (every group dataclass, the Literal types, CHOICES)
-from scalerl_jax.config.schema import CHOICES, CONFIG_GROUPS, ConfigError, RunConfig
+from scalerl_jax.config.schema import CHOICES, CONFIG_GROUPS, MOVED, ConfigError, RunConfig
 from scalerl_jax.config.validate import validate, validate_with_tokenizer
 
-__all__ = ["CHOICES", "CONFIG_GROUPS", "ConfigError", "PATH_KEYS", "RunConfig", "absolute_paths", "load_config", "to_yaml",
-           "validate", "validate_with_tokenizer"]
+__all__ = ["CHOICES", "CONFIG_GROUPS", "ConfigError", "MOVED", "PATH_KEYS", "RunConfig", "absolute_paths",
+           "load_config", "to_yaml", "validate", "validate_with_tokenizer"]

@@ -97,7 +97,7 @@ def _str_keys(cls: type = None, prefix: str = "") -> frozenset:
 
 
 def _override(item: str) -> Any:
-  """One `key=value`; a string- or name-valued key takes its text as written (`data.reward_scale=01` is "01", not 1;
+  """One `key=value`; a string- or name-valued key takes its text as written (`reward.scale=01` is "01", not 1;
   `data.prompt_field=no` is "no", not False); any other value is YAML, and YAML that does not parse is a ConfigError."""
   key, _, value = (s.strip() for s in item.partition("="))
   if key in CHOICES or key in _str_keys():

@@ -163,9 +163,6 @@ class RolloutConfig(_Choices):
   top_p: float = 1.0
   top_k: int = 0  # 0 = off
   interruption: InterruptionConfig = dataclasses.field(default_factory=InterruptionConfig)
-  # MoE: the generator records each token's top-k experts per MoE layer; on, the trainer's forward routes through
-  # those experts (its own router still sets the gate weights) instead of its own top-k
-  routing_replay: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,13 +218,6 @@ class DataConfig(_Choices):
   seed: int = 0
   skip_bad_rows: bool = False
   long_prompts: LongPrompts = "error"
-  reward_fn: str = ""  # dotted path; empty = the task's own verifier
-  reward_timeout_s: float = 5.0  # per call; a call past it is killed (its worker process replaced) and scored a failure
-  reward_workers: int = 2  # processes that run verifiers which can hang (a user's reward_fn, math-verify)
-  # the score of a call that raised, timed out or returned no finite number, on the reward scale; null = the
-  # scale's lowest reward (0 under 01, -1 under pm1), so a failed verification never beats a wrong answer
-  failure_reward: Optional[float] = None
-  reward_scale: RewardScale = "01"
   # mixed tasks: a row's task (math | code) chooses its verifier and its per-task metrics; task=file reads it from
   # this field (rows without it are math); code rows hold their tests in the answer field (README: code datasets)
   task_field: str = "task"
@@ -237,6 +227,19 @@ class DataConfig(_Choices):
   # round(code_fraction * prompts_per_step) code prompts
   task_mix: TaskMix = "shuffled"
   npr: NPRConfig = dataclasses.field(default_factory=NPRConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig(_Choices):
+  """How completions are scored (scalerl_jax/rewards/runner.py): by the task's own verifier or `fn`, each call
+  bounded in time, a failed call scored `on_failure`, on one scale."""
+  fn: str = ""  # dotted path; empty = the task's own verifier
+  timeout_s: float = 5.0  # per call; a call past it is killed (its worker process replaced) and scored a failure
+  workers: int = 2  # processes that run verifiers which can hang (a user's reward.fn, math-verify)
+  # the score of a call that raised, timed out or returned no finite number, on the reward scale; null = the
+  # scale's lowest reward (0 under 01, -1 under pm1), so a failed verification never beats a wrong answer
+  on_failure: Optional[float] = None
+  scale: RewardScale = "01"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,6 +290,9 @@ class TrainerConfig:
   # a step whose loss or gradients are not finite is skipped (params and optimizer state untouched) and counted;
   # this many in a row stop the run with the last good checkpoint
   max_skipped_steps: int = 10
+  # MoE: the generator records each token's top-k experts per MoE layer; on, the trainer's forward routes through
+  # those experts (its own router still sets the gate weights) instead of its own top-k
+  routing_replay: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,6 +361,7 @@ class RunConfig:
   rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
   loss: LossConfig = dataclasses.field(default_factory=LossConfig)
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
   sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
   optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
   trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
@@ -382,10 +389,17 @@ _GROUP_KEYS = _group_keys(RunConfig)  # LossConfig -> "loss", NPRConfig -> "data
 # Every name-valued key and its options, read off the Literal types (a view for help texts and benchmarks).
 CHOICES = {f"{key}.{name}": options for cls, key in _GROUP_KEYS.items() for name, options in _literal_fields(cls)}
 # Spellings a config no longer takes: a file or override that uses one is refused with where it went (load.py
-# checks every source before merging it), never read as something else.
+# checks every source before merging it), never read as something else. A checkpoint written before a move still
+# resumes: its fingerprint's keys are read through MOVED (train/checkpoint.py).
 MOVED = {  # old key -> its new key
     "pipeline.micro_batches": "trainer.micro_batches",
     "pipeline.shared_prompt": "trainer.shared_prompt",
+    "data.reward_fn": "reward.fn",
+    "data.reward_timeout_s": "reward.timeout_s",
+    "data.reward_workers": "reward.workers",
+    "data.failure_reward": "reward.on_failure",
+    "data.reward_scale": "reward.scale",
+    "rollout.routing_replay": "trainer.routing_replay",
 }
 _NO_REFERENCE = "a KL penalty needs a reference policy, which does not exist yet"
 REMOVED = {"loss.kl_coef": _NO_REFERENCE, "loss.kl_estimator": _NO_REFERENCE}  # old key -> why it went
@@ -418,6 +432,7 @@ __all__ = [
     "OptimizerConfig",
     "PipelineConfig",
     "PipelineMode",
+    "RewardConfig",
     "RewardScale",
     "RolloutConfig",
     "RunConfig",

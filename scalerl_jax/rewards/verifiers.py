@@ -7,7 +7,7 @@
   final_answer         the text a verifier compares
   verifier             the verifier of a task, by its name (VERIFIERS): the one lookup a run's rewards use
 
-Any such function can be named in `data.reward_fn`; `RewardRunner` (runner.py) bounds its time and failures.
+Any such function can be named in `reward.fn`; `RewardRunner` (runner.py) bounds its time and failures.
 How the runner runs the built-in ones is decided by name, below.
 """
 
@@ -25,7 +25,7 @@ from scalerl_jax.rewards.code import code_reward
 
 
 # Pure and cannot hang (string comparison, a bounded integer-expression parser): scored inline on the caller's
-# thread, no worker pool. Everything else (a user's data.reward_fn, math-verify) runs in worker processes.
+# thread, no worker pool. Everything else (a user's reward.fn, math-verify) runs in worker processes.
 PURE_VERIFIERS = frozenset({
     "scalerl_jax.rewards.verifiers.exact_match_reward",
     "scalerl_jax.rewards.verifiers.countdown_reward",

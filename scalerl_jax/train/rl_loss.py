@@ -3,7 +3,7 @@ fed to the configured policy loss from `scalerl_jax.rl`. Everything that is a fu
 pure objective of arrays lives in `rl/`. A KL reference joins this file.
 
 MoE policies (model.family=moe): the trainer's forward gets the generator's recorded experts (`TrainBatch.routes`,
-replayed when rollout.routing_replay is on), and the router losses are added here, not inside the model:
+replayed when trainer.routing_replay is on), and the router losses are added here, not inside the model:
 
     loss = policy loss + (router_aux_coef * mean_l aux_l + router_z_coef * mean_l z_l) / micro_batches
 
