@@ -138,7 +138,7 @@ def may_admit(mode: str, k: int, batch: int, version: int) -> bool:
   """AdmissionPolicy.may_admit (pipeline/orchestrator.py), for the same modes."""
   if mode == "ppo_offpolicy":
     return version >= (batch // k) * k
-  return version >= batch - (0 if mode == "sync" else k)
+  return version >= batch - (0 if mode == "lockstep" else k)
 
 
 def publishes(mode: str, k: int, version: int) -> bool:

@@ -77,8 +77,8 @@ def test_a_bad_choice_names_the_key_and_lists_the_allowed_values(key, tmp_path):
 
 
 def test_choices_keep_their_spellings(tmp_path):
-  cfg = load_config(overrides=["loss.name=dapo", "reward.scale=pm1", "pipeline.mode=sync"])
-  assert (cfg.loss.name, cfg.reward.scale, cfg.pipeline.mode) == ("dapo", "pm1", "sync")
+  cfg = load_config(overrides=["loss.name=dapo", "reward.scale=pm1", "pipeline.mode=lockstep"])
+  assert (cfg.loss.name, cfg.reward.scale, cfg.pipeline.mode) == ("dapo", "pm1", "lockstep")
   assert type(cfg.loss.name) is str and cfg.loss.name == "dapo"
   for spelling in ("01", "'01'", '"01"'):  # a name, never a number: 01 stays "01"
     assert load_config(overrides=[f"reward.scale={spelling}"]).reward.scale == "01"
@@ -142,6 +142,19 @@ def test_the_kl_keys_are_gone_until_a_reference_policy_exists(tmp_path):
     with pytest.raises(ConfigError, match=r"^loss\.kl_(coef|estimator): removed \(a KL penalty needs a reference "
                                           r"policy, which does not exist yet\) in override"):
       load_config(overrides=[old])
+
+
+def test_pipeline_mode_sync_is_now_lockstep():
+  """pipeline.mode=lockstep is PipelineRL with k = 0 (the pipeline's threads); the old name `sync` said neither that
+  nor how it differs from the reference loop (launch/train.py --reference-loop): refused with the new name."""
+  from scalerl_jax.pipeline.orchestrator import AdmissionPolicy
+
+  assert AdmissionPolicy.from_config("lockstep", 4).k == 0 and AdmissionPolicy.from_config("pipeline", 4).k == 4
+  with pytest.raises(ConfigError, match=r"^pipeline\.mode: 'sync' was renamed 'lockstep' \(PipelineRL with k = 0; "
+                                        r"the reference loop without threads is launch/train\.py --reference-loop\) "
+                                        r"in override 'pipeline.mode=sync'$"):
+    load_config(overrides=["pipeline.mode=sync"])
+  assert "sync" not in CHOICES["pipeline.mode"]
 
 
 def test_trainer_settings_live_in_the_trainer_group(tmp_path):

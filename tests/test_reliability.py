@@ -66,7 +66,7 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run_with_a_usable_che
 
 def test_final_evaluation_runs_when_steps_are_a_multiple_of_the_checkpoint_interval(tmp_path):
   job = RLJob(tiny_config(tmp_path, "pipeline.steps=4", "checkpoint.every_steps=2", "pipeline.eval_every=3",
-                          "pipeline.mode=sync"), progress=False)
+                          "pipeline.mode=lockstep"), progress=False)
   job.run_sync()
   last = _metrics(job)[-1]
   assert last["step"] == 4 and "eval/pass_rate" in last
@@ -170,10 +170,10 @@ def test_data_metrics_carry_one_prefix(tmp_path):
 def test_a_restart_is_not_compute(tmp_path):
   """What a (re)start does once happens before the compute clock starts (the reward workers are up) or is
   subtracted from it (XLA compilation inside the loop: a resumed run recompiles the rollout engine)."""
-  first = RLJob(tiny_config(tmp_path, "pipeline.mode=sync", "pipeline.steps=2", "checkpoint.every_steps=2"),
+  first = RLJob(tiny_config(tmp_path, "pipeline.mode=lockstep", "pipeline.steps=2", "checkpoint.every_steps=2"),
                 progress=False)
   first.run_sync()
-  resumed = RLJob(tiny_config(tmp_path, "pipeline.mode=sync", "pipeline.steps=4", "checkpoint.every_steps=2"),
+  resumed = RLJob(tiny_config(tmp_path, "pipeline.mode=lockstep", "pipeline.steps=4", "checkpoint.every_steps=2"),
                   progress=False)
   seen = []
   start = resumed.meter.start

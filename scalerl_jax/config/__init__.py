@@ -1,7 +1,7 @@
 """Typed, frozen configuration for a whole run (see schema.py for the groups and the recipe the defaults are).
 
   schema.py    the dataclasses (one per concern, composed into RunConfig), the Literal choices, ConfigError, the
-               spellings a config no longer takes (MOVED, REMOVED)
+               spellings a config no longer takes (MOVED, REMOVED, RENAMED_VALUES)
   validate.py  range and cross-field checks: one ConfigError naming every bad key
   load.py      YAML files + dotted overrides through OmegaConf -> a validated RunConfig (an old spelling refused with
                its new one); to_yaml; absolute_paths

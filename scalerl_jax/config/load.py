@@ -14,7 +14,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from scalerl_jax.config.schema import CHOICES, MOVED, REMOVED, ConfigError, RunConfig
+from scalerl_jax.config.schema import CHOICES, MOVED, REMOVED, RENAMED_VALUES, ConfigError, RunConfig
 from scalerl_jax.config.validate import validate
 
 
@@ -35,14 +35,17 @@ def _leaves(tree: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 def _refuse_retired(node, source: str) -> None:
   """One ConfigError naming every spelling of `node` (one file's keys, or one override's) that the config no longer
-  takes, each with what replaced it: a moved key (schema.MOVED) or a removed one (REMOVED). Checked here, before
-  the merge, so an old spelling is never read as something else."""
+  takes, each with what replaced it: a moved key (schema.MOVED), a removed one (REMOVED), a renamed value
+  (RENAMED_VALUES). Checked here, before the merge, so an old spelling is never read as something else."""
   errors = []
-  for key, _ in _leaves(OmegaConf.to_container(node, resolve=False)):
+  for key, value in _leaves(OmegaConf.to_container(node, resolve=False)):
     if key in MOVED:
       errors.append(f"{key}: moved to {MOVED[key]}")
     elif key in REMOVED:
       errors.append(f"{key}: removed ({REMOVED[key]})")
+    elif isinstance(value, str) and (key, value) in RENAMED_VALUES:
+      new, what = RENAMED_VALUES[key, value]
+      errors.append(f"{key}: {value!r} was renamed {new!r} ({what})")
   if errors:
     raise ConfigError("\n".join(f"{e} in {source}" for e in errors))
 

@@ -42,7 +42,9 @@ TaskMix = Literal["shuffled", "ratio"]  # how data.task=mixed fills batches
 LongPrompts = Literal["error", "truncate", "skip"]
 RewardScale = Literal["01", "pm1"]  # rewards in {0, 1} or {-1, +1}
 NPRHistory = Literal["last", "cumulative"]
-PipelineMode = Literal["pipeline", "ppo_offpolicy", "sync"]
+# lockstep: PipelineRL with k = 0, the generator thread waiting for every new version (not the reference loop
+# without threads, launch/train.py --reference-loop)
+PipelineMode = Literal["pipeline", "ppo_offpolicy", "lockstep"]
 # the compute axes scaling.io reads: generator_flops is the sampling compute alone (scaling.io.X_AXES)
 CurveX = Literal["accelerator_seconds", "accelerator_hours", "flops", "generator_flops", "steps"]
 
@@ -312,7 +314,7 @@ class WarmStartConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig(_Choices):
-  mode: PipelineMode = "pipeline"  # PipelineRL-k | PPO-off-policy-k | the synchronous reference loop
+  mode: PipelineMode = "pipeline"  # PipelineRL-k | PPO-off-policy-k | lockstep: PipelineRL with k = 0
   max_lag: int = 0  # k (0 on 2 shared CPU cores; the 8B recipe uses 8)
   steps: int = 300
   eval_every: int = 10
@@ -403,6 +405,10 @@ MOVED = {  # old key -> its new key
 }
 _NO_REFERENCE = "a KL penalty needs a reference policy, which does not exist yet"
 REMOVED = {"loss.kl_coef": _NO_REFERENCE, "loss.kl_estimator": _NO_REFERENCE}  # old key -> why it went
+RENAMED_VALUES = {  # (key, old value) -> (its new name, what it is)
+    ("pipeline.mode", "sync"): ("lockstep", "PipelineRL with k = 0; the reference loop without threads is "
+                                "launch/train.py --reference-loop"),
+}
 
 __all__ = [
     "AdvNorm",

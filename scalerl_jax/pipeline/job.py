@@ -494,8 +494,9 @@ class RLJob:
   def run_sync(self) -> dict:
     """The synchronous reference loop (no threads): generate batch s with params v = s, train, repeat."""
     if self.topology.disaggregated:
-      raise distributed.DistributedError("--sync runs generation and training in turn on the same processes; with "
-                                         "mesh.generator_processes use pipeline.mode=sync (k = 0) instead")
+      raise distributed.DistributedError("--reference-loop runs generation and training in turn on the same "
+                                         "processes; with mesh.generator_processes use pipeline.mode=lockstep "
+                                         "(k = 0) instead")
     return self._run(lambda: run_synchronous(
         driver=self.driver, next_prompts=self.cursor.next_batch, score=self.score, weights=self.weights,
         samples=self.shapes.G, start=self.start_step, end=self.cfg.pipeline.steps, consume=self.consume,
