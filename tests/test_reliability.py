@@ -122,17 +122,17 @@ def test_npr_epoch_snapshot_does_not_depend_on_how_far_the_trainer_has_got(tmp_p
   assert _prompts(eager) == _prompts(lagging)
 
 
-@pytest.mark.parametrize("mode", ["sync", "pipeline"])  # the pipeline's generator thread hits it there
+@pytest.mark.parametrize("mode", ["lockstep", "pipeline"])  # the pipeline's generator thread hits it there
 def test_npr_exhausting_the_pool_stops_cleanly_and_the_run_continues_with_npr_off(tmp_path, mode):
   overrides = [f"pipeline.mode={mode}", "pipeline.max_lag=0", "pipeline.steps=12", "data.num_train=8", "data.npr.threshold=0.5",
                "reward.fn=tests.test_reliability.always_one", "checkpoint.every_steps=100",
                "pipeline.eval_every=0"]
   job = RLJob(tiny_config(tmp_path, *overrides), progress=False)
   with pytest.raises(PromptsExhausted, match="stopped at step 2 with a checkpoint.*data.npr.enabled=false"):
-    job.run_sync() if mode == "sync" else job.run()
+    job.run_sync() if mode == "lockstep" else job.run()
   assert job.ckpt.latest_step() == 2
   again = RLJob(tiny_config(tmp_path, *overrides, "data.npr.enabled=false", "pipeline.steps=4"), progress=False)
-  again.run_sync() if mode == "sync" else again.run()
+  again.run_sync() if mode == "lockstep" else again.run()
   assert [json.loads(l)["step"] for l in (tmp_path / "consumed_prompts.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
 
 
