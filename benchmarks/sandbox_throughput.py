@@ -4,7 +4,7 @@
     python benchmarks/sandbox_throughput.py --workers 1 --programs 50
 
 Each program is one completion with one stdio test (a trivial correct program: `print(int(input()) * 2)`), scored
-by code_reward in a RewardRunner with isolation "process" (`--workers` processes, as data.reward_workers), the
+by code_reward in a RewardRunner with isolation "process" (`--workers` processes, as reward.workers), the
 workers started and warmed up before the clock. Two loads:
   correct   every program correct
   mixed     one program in `--hang-every` sleeps past sandbox.wall_s (killed: cause timeout_wall), one in

@@ -1,4 +1,4 @@
-"""The main job: `python launch/train.py [--config FILE] [--mesh SPEC] [--sync] [--overwrite] [key=value ...]`.
+"""The main job: `python launch/train.py [--config FILE] [--mesh SPEC] [--reference-loop] [--overwrite] [key=value ...]`
 
 Many processes (TPU pod slices, GPU clusters): the same command on every process, which then calls
 `jax.distributed.initialize`: explicitly with `--coordinator HOST:PORT --num-processes N --process-id I`, or as jax
@@ -7,9 +7,11 @@ any process ends all of them with its message or traceback (launch/tpu_pod.sh, g
 
 With no arguments it runs the embedded CPU default (configs/cpu_default.yaml): a small policy warm-started on the
 built-in addition task, then the ScaleRL recipe with PipelineRL-k, held-out evaluation, checkpoints, logs and a
-scaling-curve fit at the end. Overrides may come before, between or after the flags. A user error (config, data,
-tokenizer, mesh, reward, resume, run directory) prints as `train.py: error: ...` and exits 2, whichever thread
-raised it; anything else is a bug and keeps its traceback. SIGTERM or Ctrl-C stops the run within seconds
+scaling-curve fit at the end. Overrides may come before, between or after the flags. `--reference-loop` runs the
+reference loop instead (generate a batch, train on it, repeat, in one thread), which PipelineRL with k = 0
+(`pipeline.mode=lockstep`, the pipeline's threads) equals bit for bit. A user error (config, data, tokenizer, mesh,
+reward, resume, run directory) prints as `train.py: error: ...` and exits 2, whichever thread raised it; anything
+else is a bug and keeps its traceback. SIGTERM or Ctrl-C stops the run within seconds
 (pipeline/interrupts.py) and exits 143 / 130; a second one exits at once with one line.
 """
 
@@ -45,7 +47,11 @@ def make_parser() -> argparse.ArgumentParser:
   parser.add_argument("--config", default=str(DEFAULT), help="YAML file (default: %(default)s)")
   parser.add_argument("--mesh", help="trainer mesh, e.g. data=1,fsdp=4,tensor=2,expert=1 (one axis may be -1)")
   parser.add_argument("--generator-mesh", help="generator mesh over mesh.generator_devices, e.g. data=-1,tensor=1")
-  parser.add_argument("--sync", action="store_true", help="run the synchronous reference loop instead")
+  parser.add_argument("--reference-loop", action="store_true",
+                      help="run the reference loop instead of the pipeline: generate a batch, train on it, repeat, "
+                           "in one thread (no generator thread; not pipeline.mode=lockstep, which runs the "
+                           "pipeline's threads with k = 0)")
+  parser.add_argument("--sync", action="store_true", help=argparse.SUPPRESS)  # renamed: refused by main()
   parser.add_argument("--overwrite", action="store_true",
                       help="with checkpoint.resume=false: delete the run directory's previous " + ", ".join(
                           PREVIOUS_RUN) + " and start afresh (without this flag such a run is refused, so a "
@@ -71,7 +77,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv=None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
   parser = make_parser()
-  return parser, parser.parse_intermixed_args(argv)  # `a=1 --sync b=2`: overrides on both sides of a flag
+  return parser, parser.parse_intermixed_args(argv)  # `a=1 --overwrite b=2`: overrides on both sides of a flag
 
 
 def _previous_run(run_dir: pathlib.Path) -> list[str]:
@@ -181,6 +187,9 @@ def start_processes(args) -> bool:
 
 def main(argv=None) -> int:
   _, args = parse_args(argv)
+  if args.sync:
+    fail("--sync was renamed --reference-loop (the reference loop without threads; pipeline.mode=lockstep is "
+         "PipelineRL with k = 0)")
   overrides = list(args.overrides)
   if args.mesh:
     overrides.append(f"mesh.spec={args.mesh}")
@@ -207,7 +216,7 @@ def main(argv=None) -> int:
 
   try:  # config, mesh, data, reward or resume problems, from either thread: one clear line, no traceback
     job = RLJob(cfg, transfer_host=args.transfer_host)
-    summary = job.run_sync() if args.sync else job.run()
+    summary = job.run_sync() if args.reference_loop else job.run()
   except Exception as exc:  # noqa: BLE001  (re-raised unless it is, or was caused by, a user error)
     cause = user_error(exc)
     if cause is None:

@@ -115,7 +115,6 @@ class TrainBatch:
   token_weights: Any  # float32[B, T] aggregation weights: loss = sum(token_weights * per_token_loss)
   sample_weights: Any  # float32[B] sequence-level aggregation weights (GSPO): loss = sum(w_b * seq_loss_b)
   prompt_lengths: Any = None  # int32[B] prompt tokens at the start of each row (shared-prompt trainer)
-  ref_logprobs: Optional[Any] = None  # float32[B, T], only when a KL penalty is on
   routes: Optional[Any] = None  # int16[B, T, X, k] MoE: the generator's experts per token and MoE layer (-1: none)
 
   # Which fields are per row [B] and which per token [B, T] (the layout every builder below follows).

@@ -21,7 +21,7 @@ TINY = [
     "rollout.decode_chunk=4", "rollout.interruption.think_budget_min=3", "rollout.interruption.think_budget_max=4",
     "rollout.interruption.answer_budget=4",
     "data.digits=2", "data.num_train=200", "data.num_eval=8", "data.prompts_per_step=4", "data.samples_per_prompt=4",
-    "data.reward_fn=tests.pipeline_helpers.reward_digit_one",
+    "reward.fn=tests.pipeline_helpers.reward_digit_one",
     "warm_start.enabled=false", "pipeline.eval_every=2", "pipeline.eval_samples=2", "checkpoint.every_steps=2",
     "logging.tensorboard=false", "logging.progress=false", "optimizer.lr=3e-2",
     # the code defaults are the cpu_default recipe; these tests were written against these values of its keys

@@ -21,7 +21,7 @@ FIXTURE = ROOT / "tests" / "fixtures" / "gguf" / "tiny-llama-Q8_0.gguf"
 SHAPES = ["model.dtype=float32", "model.max_seq_len=64", "rollout.max_slots=8", "rollout.max_prefill_len=48",
           "rollout.prefill_buckets=[48]", "rollout.max_new_tokens=12", "rollout.decode_chunk=4",
           "rollout.interruption.enabled=false", "data.prompts_per_step=2", "data.samples_per_prompt=2",
-          "data.num_eval=2", "data.long_prompts=truncate", "data.reward_fn=tests.pipeline_helpers.reward_even_length",
+          "data.num_eval=2", "data.long_prompts=truncate", "reward.fn=tests.pipeline_helpers.reward_even_length",
           "loss.exclude_truncated=false", "trainer.batch_buckets=1", "pipeline.max_lag=0", "pipeline.eval_samples=1",
           "logging.tensorboard=false", "logging.progress=false"]
 

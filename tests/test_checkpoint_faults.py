@@ -174,7 +174,7 @@ def test_a_changed_learning_rate_is_refused_naming_old_and_new_value(ckdir, save
 
 def test_npr_and_micro_batching_may_change_on_resume(ckdir, saved):
   resumed = load_config(overrides=["data.npr.enabled=false", "data.npr.threshold=0.5", "trainer.micro_batches=4",
-                                   "data.reward_workers=1", "pipeline.steps=900"])
+                                   "reward.workers=1", "pipeline.steps=900"])
   step, state, _ = RunCheckpointer(ckdir, 3).restore_latest_intact(saved["target"], resumed)
   assert step == 4
   assert_equal_state(state, saved["host"][4])
@@ -194,6 +194,20 @@ def test_a_checkpoint_with_the_older_hashed_fingerprint_still_resumes(ckdir, sav
   assert ck.restore_latest_intact(saved["target"], CFG)[0] == 6
   with pytest.raises(ResumeError, match=r"loss\.\* \(a checkpoint from before per-key fingerprints"):
     ck.restore_latest_intact(saved["target"], load_config(overrides=["loss.name=dapo"]))
+
+
+def test_a_checkpoint_from_before_the_reward_group_resumes():
+  """Checkpoints written before the reward keys left the data group (and before the KL keys went) hold
+  data.reward_*, data.failure_reward and loss.kl_* in their fingerprints: read under their new names (config.MOVED),
+  the same run resumes, and a changed value is named by its new key."""
+  cfg = load_config(overrides=["reward.scale=pm1", "reward.timeout_s=10"])
+  old = {k: v for k, v in config_fingerprint(cfg).items() if not k.startswith("reward.")}
+  old.update({"data.reward_fn": "", "data.reward_timeout_s": 10.0, "data.failure_reward": None,
+              "data.reward_scale": "pm1", "loss.kl_coef": 0.0, "loss.kl_estimator": "k3"})
+  assert ckpt_lib.fingerprint_changes(old, cfg) == []
+  assert ckpt_lib.fingerprint_changes(old, load_config(overrides=["reward.timeout_s=10"])) == [
+      "reward.scale: pm1 -> 01"]
+  assert "reward.workers" not in config_fingerprint(cfg)  # parallelism only: may change on resume
 
 
 def test_a_checkpoint_naming_a_relative_path_resumes_once_the_path_is_absolute(tmp_path, monkeypatch):

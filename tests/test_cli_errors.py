@@ -69,8 +69,8 @@ def test_train_config_file_errors(tmp_path, name, data, message):
 
 def test_train_errors_raised_while_building_the_job(tmp_path):
   run_dir = tmp_path / "run"
-  proc = _run(TRAIN, f"run_dir={run_dir}", "data.reward_fn=no_such_module.reward", *CHEAP, cwd=tmp_path)
-  assert "data.reward_fn: cannot import module 'no_such_module'" in _one_line_error(proc, "train.py")
+  proc = _run(TRAIN, f"run_dir={run_dir}", "reward.fn=no_such_module.reward", *CHEAP, cwd=tmp_path)
+  assert "reward.fn: cannot import module 'no_such_module'" in _one_line_error(proc, "train.py")
   (tmp_path / "tok").mkdir()
   (tmp_path / "tok" / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "WordLe')
   proc = _run(TRAIN, f"run_dir={run_dir}", f"data.tokenizer={tmp_path / 'tok'}", *CHEAP, cwd=tmp_path)
@@ -81,11 +81,27 @@ def test_train_errors_raised_while_building_the_job(tmp_path):
 def test_train_run_dir_that_is_a_file(tmp_path):
   a_file = tmp_path / "taken"
   a_file.write_text("not a directory")
-  proc = _run(TRAIN, f"run_dir={a_file}", "--sync", *CHEAP, cwd=tmp_path)  # overrides after a flag, too
+  proc = _run(TRAIN, f"run_dir={a_file}", "--reference-loop", *CHEAP, cwd=tmp_path)  # overrides after a flag, too
   assert _one_line_error(proc, "train.py") == f"train.py: error: run_dir {a_file}: is a file"
   proc = _run(TRAIN, f"run_dir={a_file / 'sub'}", *CHEAP, cwd=tmp_path)
   assert _one_line_error(proc, "train.py") == f"train.py: error: run_dir {a_file / 'sub'}: cannot create it (Not a " \
                                              "directory)"
+
+
+def test_old_spellings_are_refused_with_their_new_names(tmp_path):
+  """--sync (the reference loop without threads) is now --reference-loop, and pipeline.mode=sync (PipelineRL with
+  k = 0) pipeline.mode=lockstep; a moved key in a YAML file names its new key. One line each, before any work."""
+  proc = _run(TRAIN, "--sync", *CHEAP, cwd=tmp_path)
+  assert _one_line_error(proc, "train.py") == ("train.py: error: --sync was renamed --reference-loop (the reference "
+                                              "loop without threads; pipeline.mode=lockstep is PipelineRL with k = 0)")
+  old = _yaml(tmp_path, "old.yaml", b"data:\n  reward_timeout_s: 3.0\n")
+  proc = _run(TRAIN, "--config", old, "pipeline.mode=sync", *CHEAP, cwd=tmp_path)
+  assert _one_line_error(proc, "train.py") == (f"train.py: error: data.reward_timeout_s: moved to reward.timeout_s "
+                                              f"in {old}")
+  proc = _run(TRAIN, "pipeline.mode=sync", *CHEAP, cwd=tmp_path)
+  assert "pipeline.mode: 'sync' was renamed 'lockstep'" in _one_line_error(proc, "train.py")
+  help_text = train.make_parser().format_help()
+  assert "--reference-loop" in help_text and "--sync" not in help_text
 
 
 def test_fit_curve_errors(tmp_path):
@@ -110,8 +126,8 @@ def test_fit_curve_errors(tmp_path):
 # ---- in process: argument parsing, the run directory, errors from the run ---------------------------------------
 
 def test_overrides_before_between_and_after_flags():
-  _, args = train.parse_args(["a=1", "--sync", "b=2", "--mesh", "data=1", "c=3"])
-  assert args.overrides == ["a=1", "b=2", "c=3"] and args.sync and args.mesh == "data=1"
+  _, args = train.parse_args(["a=1", "--reference-loop", "b=2", "--mesh", "data=1", "c=3"])
+  assert args.overrides == ["a=1", "b=2", "c=3"] and args.reference_loop and args.mesh == "data=1"
   assert "--overwrite" in train.make_parser().format_help()
 
 
@@ -151,13 +167,13 @@ def test_a_user_error_from_the_generator_thread_prints_its_cause(fake_job, tmp_p
   from scalerl_jax.pipeline.orchestrator import PipelineError
   try:
     try:
-      raise DataError("data.reward_fn: every call of tests.bad.reward raised ZeroDivisionError")
+      raise DataError("reward.fn: every call of tests.bad.reward raised ZeroDivisionError")
     except DataError as cause:
       raise PipelineError("generator thread failed:\nTraceback (most recent call last):\n  ...") from cause
   except PipelineError as exc:
     fake_job.raises = exc
   err = _main_error(capsys, [f"run_dir={tmp_path / 'r'}"])
-  assert err == "train.py: error: data.reward_fn: every call of tests.bad.reward raised ZeroDivisionError\n"
+  assert err == "train.py: error: reward.fn: every call of tests.bad.reward raised ZeroDivisionError\n"
   fake_job.raises = PipelineError("generator thread failed: a bug")  # no user error in the chain: a traceback
   with pytest.raises(PipelineError):
     train.main([f"run_dir={tmp_path / 'r'}"])

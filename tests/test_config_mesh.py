@@ -4,13 +4,14 @@ layouts come from rules."""
 import dataclasses
 import importlib.util
 import pathlib
+import re
 
 import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from scalerl_jax.config import (CHOICES, CONFIG_GROUPS, ConfigError, DataConfig, LossConfig, NPRConfig, RunConfig,
-                                load_config, validate)
+from scalerl_jax.config import (CHOICES, CONFIG_GROUPS, ConfigError, LossConfig, NPRConfig, RewardConfig,
+                                load_config)
 from scalerl_jax.errors import UserError
 from scalerl_jax.mesh import (ROLLOUT_AXES, ROLLOUT_RULES, TRAIN_RULES, MeshError, logical_to_sharding, make_mesh,
                               parse_mesh_spec)
@@ -24,8 +25,8 @@ def test_defaults_and_overrides(tmp_path):
   f.write_text("loss:\n  aggregation: token\noptimizer:\n  lr: 5.0e-7\n")
   cfg = load_config(f, ["optimizer.lr=1e-4"])
   assert cfg.loss.aggregation == "token" and cfg.optimizer.lr == 1e-4  # override beats file beats default
-  assert {"model", "mesh", "rollout", "loss", "pipeline", "trainer", "data", "optimizer", "checkpoint", "logging",
-          "curve_fit"} <= set(CONFIG_GROUPS)
+  assert {"model", "mesh", "rollout", "loss", "pipeline", "trainer", "data", "reward", "optimizer", "checkpoint",
+          "logging", "curve_fit"} <= set(CONFIG_GROUPS)
 
 
 @pytest.mark.parametrize("overrides,key", [
@@ -35,7 +36,8 @@ def test_defaults_and_overrides(tmp_path):
     (["model.num_kv_heads=3"], "model.num_kv_heads"),
     (["trainer.micro_batches=7"], "trainer.micro_batches"),
     (["trainer.max_step_memory_mb=-1"], "trainer.max_step_memory_mb"),
-    (["data.reward_scale=pm2"], "data.reward_scale"),
+    (["reward.scale=pm2"], "reward.scale"),
+    (["reward.timeout_s=0"], "reward.timeout_s"),
     (["loss.kl_coef=0.1"], "loss.kl_coef"),
     (["rollout.top_p=0"], "rollout.top_p"),
     (["data.task=file"], "data.path"),
@@ -75,17 +77,17 @@ def test_a_bad_choice_names_the_key_and_lists_the_allowed_values(key, tmp_path):
 
 
 def test_choices_keep_their_spellings(tmp_path):
-  cfg = load_config(overrides=["loss.name=dapo", "data.reward_scale=pm1", "pipeline.mode=sync"])
-  assert (cfg.loss.name, cfg.data.reward_scale, cfg.pipeline.mode) == ("dapo", "pm1", "sync")
+  cfg = load_config(overrides=["loss.name=dapo", "reward.scale=pm1", "pipeline.mode=lockstep"])
+  assert (cfg.loss.name, cfg.reward.scale, cfg.pipeline.mode) == ("dapo", "pm1", "lockstep")
   assert type(cfg.loss.name) is str and cfg.loss.name == "dapo"
   for spelling in ("01", "'01'", '"01"'):  # a name, never a number: 01 stays "01"
-    assert load_config(overrides=[f"data.reward_scale={spelling}"]).data.reward_scale == "01"
+    assert load_config(overrides=[f"reward.scale={spelling}"]).reward.scale == "01"
   f = tmp_path / "c.yaml"
-  f.write_text('data:\n  reward_scale: "01"\nloss:\n  aggregation: seq_mean_token_sum\n')
+  f.write_text('reward:\n  scale: "01"\nloss:\n  aggregation: seq_mean_token_sum\n')
   cfg = load_config(f)
-  assert cfg.data.reward_scale == "01" and cfg.loss.aggregation == "seq_mean_token_sum"
-  f.write_text("data:\n  reward_scale: 01\n")  # unquoted YAML 01 is the integer 1: rejected, not guessed
-  with pytest.raises(ConfigError, match=r"data\.reward_scale: .*'01', 'pm1'"):
+  assert cfg.reward.scale == "01" and cfg.loss.aggregation == "seq_mean_token_sum"
+  f.write_text("reward:\n  scale: 01\n")  # unquoted YAML 01 is the integer 1: rejected, not guessed
+  with pytest.raises(ConfigError, match=r"reward\.scale: .*'01', 'pm1'"):
     load_config(f)
 
 
@@ -93,30 +95,77 @@ def test_configs_built_in_code_check_their_choices():
   with pytest.raises(ConfigError, match=r"^loss\.name: unknown 'foo'; choose one of cispo, reinforce, grpo, ppo, dapo, "
                                         r"gspo$"):
     LossConfig(name="foo")
-  with pytest.raises(ConfigError, match=r"^data\.reward_scale: unknown 'pm2'; choose one of 01, pm1$"):
-    dataclasses.replace(DataConfig(), reward_scale="pm2")
+  with pytest.raises(ConfigError, match=r"^reward\.scale: unknown 'pm2'; choose one of 01, pm1$"):
+    dataclasses.replace(RewardConfig(), scale="pm2")
   with pytest.raises(ConfigError, match=r"^data\.npr\.history: unknown 'all'"):
     NPRConfig(history="all")
-  assert LossConfig(name="gspo", kl_estimator="k1").name == "gspo"
+  assert LossConfig(name="gspo").name == "gspo"
 
 
-def test_a_kl_penalty_is_rejected_until_a_reference_policy_exists():
-  with pytest.raises(ConfigError, match=r"loss\.kl_coef: must be 0: .*reference policy.* not implemented yet"):
-    load_config(overrides=["loss.kl_coef=0.01"])
-  with pytest.raises(ConfigError, match=r"loss\.kl_coef"):
-    validate(dataclasses.replace(RunConfig(), loss=LossConfig(kl_coef=0.01)))
-  assert load_config(overrides=["loss.kl_coef=0"]).loss.kl_coef == 0.0
+@pytest.mark.parametrize("old,new", [
+    ("data.reward_fn=tests.pipeline_helpers.reward_digit_one", "reward.fn"),
+    ("data.reward_timeout_s=3", "reward.timeout_s"), ("data.reward_workers=1", "reward.workers"),
+    ("data.failure_reward=-1", "reward.on_failure"),
+    ("data.reward_scale=pm1", "reward.scale"), ("rollout.routing_replay=false", "trainer.routing_replay"),
+])
+def test_a_moved_key_is_refused_with_its_new_name(old, new, tmp_path):
+  """The five reward keys form the reward group and routing replay is the trainer's: the old spellings, in an
+  override or a file (its base chain too), are refused naming the new key, never ignored or read twice."""
+  key, _, value = old.partition("=")
+  moved = f"{re.escape(key)}: moved to {re.escape(new)}"
+  with pytest.raises(ConfigError, match=rf"^{moved} in override '{re.escape(old)}'$"):
+    load_config(overrides=[old])
+  group, name = key.split(".")
+  base = tmp_path / "old_base.yaml"
+  base.write_text(f"{group}:\n  {name}: {value}\n")
+  child = tmp_path / "child.yaml"
+  child.write_text("base: old_base.yaml\nseed: 1\n")
+  with pytest.raises(ConfigError, match=rf"^{moved} in .*old_base\.yaml$"):
+    load_config(child)
+  assert load_config(overrides=[f"{new}={value}"]) != load_config()  # the new spelling takes the value
+
+
+def test_every_old_spelling_in_a_file_is_named_at_once(tmp_path):
+  f = tmp_path / "old.yaml"
+  f.write_text("data:\n  reward_scale: pm1\n  reward_timeout_s: 10.0\n  task: addition\n")
+  with pytest.raises(ConfigError) as info:
+    load_config(f)
+  assert str(info.value).splitlines() == [f"data.reward_scale: moved to reward.scale in {f}",
+                                          f"data.reward_timeout_s: moved to reward.timeout_s in {f}"]
+
+
+def test_the_kl_keys_are_gone_until_a_reference_policy_exists(tmp_path):
+  """No reference model exists, so the KL keys (which could only be 0) left the schema; an old spelling, even the
+  harmless 0, is refused saying why."""
+  assert not hasattr(LossConfig(), "kl_coef") and not hasattr(LossConfig(), "kl_estimator")
+  for old in ("loss.kl_coef=0.01", "loss.kl_coef=0", "loss.kl_estimator=k3"):
+    with pytest.raises(ConfigError, match=r"^loss\.kl_(coef|estimator): removed \(a KL penalty needs a reference "
+                                          r"policy, which does not exist yet\) in override"):
+      load_config(overrides=[old])
+
+
+def test_pipeline_mode_sync_is_now_lockstep():
+  """pipeline.mode=lockstep is PipelineRL with k = 0 (the pipeline's threads); the old name `sync` said neither that
+  nor how it differs from the reference loop (launch/train.py --reference-loop): refused with the new name."""
+  from scalerl_jax.pipeline.orchestrator import AdmissionPolicy
+
+  assert AdmissionPolicy.from_config("lockstep", 4).k == 0 and AdmissionPolicy.from_config("pipeline", 4).k == 4
+  with pytest.raises(ConfigError, match=r"^pipeline\.mode: 'sync' was renamed 'lockstep' \(PipelineRL with k = 0; "
+                                        r"the reference loop without threads is launch/train\.py --reference-loop\) "
+                                        r"in override 'pipeline.mode=sync'$"):
+    load_config(overrides=["pipeline.mode=sync"])
+  assert "sync" not in CHOICES["pipeline.mode"]
 
 
 def test_trainer_settings_live_in_the_trainer_group(tmp_path):
   cfg = load_config(overrides=["trainer.micro_batches=4", "trainer.shared_prompt=false"])
   assert (cfg.trainer.micro_batches, cfg.trainer.shared_prompt) == (4, False)
   assert not hasattr(cfg.pipeline, "micro_batches") and not hasattr(cfg.pipeline, "shared_prompt")
-  with pytest.raises(ConfigError, match=r"pipeline\.shared_prompt: .*moved to trainer\.shared_prompt"):
+  with pytest.raises(ConfigError, match=r"pipeline\.shared_prompt: moved to trainer\.shared_prompt"):
     load_config(overrides=["pipeline.shared_prompt=false"])
   f = tmp_path / "old.yaml"
   f.write_text("pipeline:\n  micro_batches: 2\n")
-  with pytest.raises(ConfigError, match=r"pipeline\.micro_batches: .*moved to trainer\.micro_batches.* in .*old\.yaml"):
+  with pytest.raises(ConfigError, match=r"pipeline\.micro_batches: moved to trainer\.micro_batches in .*old\.yaml"):
     load_config(f)
 
 

@@ -7,12 +7,12 @@ import pytest
 
 from tests.fixtures import make_fixtures
 from scalerl_jax.config import DataConfig, load_config
-from scalerl_jax.data import arith
 from scalerl_jax.data.sources import DataError
 from scalerl_jax.data import word_problems
 from scalerl_jax.data.tasks import AdditionTask, CountdownTask, FileTask, WordProblems, make_task
 from scalerl_jax.data.tokenizer import CharTokenizer
-from scalerl_jax.rewards.verifiers import boxed_answer, boxed_answer_reward
+from scalerl_jax.rewards import arith
+from scalerl_jax.rewards.verifiers import boxed_answer, boxed_answer_reward, verifier
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,7 @@ def test_reference_solutions_score_one_and_fit_the_char_vocabulary(cls, knob):
   task, tok = _small(cls, knob), CharTokenizer()
   for rec in task.train_records() + task.eval_records() + task.warmstart_val_records():
     sol = task.solution(rec)
-    assert task.reward(sol, rec.answer) == 1.0, (rec, sol)
+    assert verifier(task.verifiers[""])(sol, rec.answer) == 1.0, (rec, sol)
     assert sol.endswith("$") and tok.decode(tok.encode(rec.text + sol)) == rec.text + sol
 
 
@@ -101,7 +101,7 @@ def test_builtin_prompts_and_solutions_fit_the_rollout_budget(config, overrides,
     ("", 0.0),
 ])
 def test_addition_reward_cases(completion, reward):
-  assert AdditionTask.reward(completion, "2250") == reward
+  assert verifier("addition")(completion, "2250") == reward
 
 
 @pytest.mark.parametrize("completion, reward", [
@@ -117,12 +117,12 @@ def test_addition_reward_cases(completion, reward):
     ("|$", 0.0),
 ])
 def test_countdown_reward_cases(completion, reward):
-  assert CountdownTask.reward(completion, "3,5,7>22") == reward
+  assert verifier("countdown")(completion, "3,5,7>22") == reward
 
 
 def test_countdown_reward_allows_repeated_numbers_when_given_twice():
-  assert CountdownTask.reward("|7*7-7$", "7,7,7>42") == 1.0
-  assert CountdownTask.reward("|7*7-7$", "3,7,7>42") == 0.0
+  assert verifier("countdown")("|7*7-7$", "7,7,7>42") == 1.0
+  assert verifier("countdown")("|7*7-7$", "3,7,7>42") == 0.0
 
 
 def test_arith_evaluate_is_exact_and_bounded():
@@ -146,7 +146,8 @@ def test_file_task_holds_out_a_fixed_disjoint_split(tmp_path):
   assert len(task.train_records()) + len(task.eval_records()) + task.overlap_dropped == 51
   assert [r.prompt_id for r in make_task(dataclasses.replace(cfg, seed=5)).eval_records()] == \
       [r.prompt_id for r in task.eval_records()]
-  assert task.reward("so the answer is \\boxed{10}", rows[0]["answer"]) == 1.0  # 4 + 6 = 10
+  assert task.verifiers == {"": "math"}
+  assert verifier("math")("so the answer is \\boxed{10}", rows[0]["answer"]) == 1.0  # 4 + 6 = 10
   assert task.warmstart_val_records() == []
   with pytest.raises(DataError, match="leave none of the 51 rows"):
     make_task(dataclasses.replace(cfg, num_eval=51))
@@ -178,7 +179,7 @@ def test_word_problems_splits_answers_and_reference_solutions():
     if op[0] in ("equally", "packed"):
       assert a % b == 0 and b < 10, rec.text
     assert rec.text.endswith(word_problems.INSTRUCTION)
-    assert task.reward(task.solution(rec), rec.answer) == 1.0
+    assert verifier(task.verifiers[""])(task.solution(rec), rec.answer) == 1.0
   assert len(ops_seen) == 8
   with pytest.raises(DataError, match="data.digits"):
     WordProblems(5)

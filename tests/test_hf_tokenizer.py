@@ -261,3 +261,19 @@ def test_a_tokenizer_of_another_model_is_refused_naming_the_keys(tmp_path):
   for weights, tokenizer, msg in cases:
     with pytest.raises(ConfigError, match=msg):
       _check_pair(weights, tokenizer)
+
+
+def test_the_tokenizer_reads_checkpoint_json_through_the_loaders_public_rule(tmp_path):
+  """data/tokenizer.py uses model/hf.py's public read_json (the loader's, exporter's and tokenizer's one rule for a
+  checkpoint's JSON files), not an underscore helper of another module: read from its source."""
+  import ast
+  from scalerl_jax.model.hf import read_json
+
+  source = pathlib.Path(__file__).resolve().parents[1] / "scalerl_jax" / "data" / "tokenizer.py"
+  private = [f"{node.module}.{a.name}" for node in ast.walk(ast.parse(source.read_text()))
+             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("scalerl_jax.")
+             for a in node.names if a.name.startswith("_")]
+  assert not private, private
+  assert read_json(tmp_path / "absent.json", optional=True) == {}
+  with pytest.raises(UserError, match=r"absent\.json: no such file"):
+    read_json(tmp_path / "absent.json")

@@ -143,7 +143,7 @@ def test_training_and_held_out_file_of_a_file_task(tmp_path):
   plain = make_fixtures.write_jsonl(tmp_path / "math.jsonl", math_rows)
   held_out = make_task(DataConfig(task="file", path=str(plain), eval_path=str(he), num_eval=8))
   assert [(r.prompt_id, r.task) for r in held_out.eval_records()] == [("Tiny/0", "code"), ("Tiny/1", "code")]
-  assert held_out.tasks_present == ["code", "math"] and set(held_out.reward) == {"code", "math"}
+  assert held_out.tasks_present == ["code", "math"] and held_out.verifiers == {"code": "code", "math": "math"}
   trained = make_task(DataConfig(task="file", path=str(he), eval_path=str(plain), num_eval=2))
   assert [r.prompt_id for r in trained.train_records()] == ["Tiny/0", "Tiny/1"]
   assert {r.task for r in trained.train_records()} == {"code"}

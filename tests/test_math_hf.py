@@ -62,7 +62,7 @@ def test_math_hf_recipe_trains_an_imported_checkpoint_and_resumes(tmp_path):
   # loss, so the gradient is not 0 and the recipe's lr 1e-6 makes real updates
   overrides = [f"run_dir={tmp_path / 'run'}", f"data.path={data}", f"data.eval_path={held_out}", *TINY,
                *checkpoint(thinking_qwen3(tmp_path / "qwen3")),
-               "data.reward_fn=tests.pipeline_helpers.reward_even_length", "loss.exclude_truncated=false"]
+               "reward.fn=tests.pipeline_helpers.reward_even_length", "loss.exclude_truncated=false"]
   job = RLJob(load_config(ROOT / "configs" / "math_hf.yaml", [*overrides, "pipeline.steps=3"]), progress=False)
   assert job.cfg.model.qk_norm and job.cfg.model.head_dim == 16  # the architecture came from config.json
   assert len(job.task.train_records()) == 50 - job.task.overlap_dropped  # held out in their own file

@@ -13,7 +13,7 @@ from scalerl_jax.config import load_config
 from scalerl_jax.data.npr import NPRState
 from scalerl_jax.data.prompt_stream import RatioStream, make_prompt_stream
 from scalerl_jax.data.sources import DataError
-from scalerl_jax.data.tasks import CodeTask, MixedTask, code_reward, make_task
+from scalerl_jax.data.tasks import CodeTask, MixedTask, make_task
 from scalerl_jax.data.tokenizer import CharTokenizer
 from scalerl_jax.pipeline.held_out import per_task_metrics
 from scalerl_jax.pipeline.step_metrics import merge_counters, task_metrics
@@ -54,7 +54,7 @@ def test_mixed_pool_is_tagged_and_keeps_the_code_share():
     code = sum(r.task == "code" for r in pool)
     assert {r.task for r in pool} <= {"math", "code"} and abs(code / len(pool) - fraction) < 0.01
   assert {r.task for r in task.eval_records()} == {"math", "code"} and len(task.eval_records()) == 64
-  assert set(task.reward) == {"math", "code"} and task.reward["code"] is code_reward
+  assert task.verifiers == {"math": "addition", "code": "code"}  # the math rows are addition problems
   record = next(r for r in task.eval_records() if r.task == "code")
   assert task.solution(record) == task.tasks["code"].solution(dataclasses.replace(record, task=""))
 
@@ -88,11 +88,11 @@ def test_file_rows_choose_their_task_and_code_rows_hold_tests(tmp_path):
   records = task.train_records() + task.eval_records()
   assert sorted(r.task for r in records) == ["code", "code", "math", "math"]
   assert all(json.loads(r.answer) == tests for r in records if r.task == "code")
-  assert set(task.reward) == {"math", "code"}
+  assert task.verifiers == {"math": "math", "code": "code"}
   math_only = tmp_path / "math.jsonl"
   math_only.write_text("\n".join(json.dumps(r) for r in (rows[0], rows[2])) + "\n")
   single = make_task(dataclasses.replace(cfg, path=str(math_only)))
-  assert callable(single.reward) and {r.task for r in single.train_records() + single.eval_records()} == {""}
+  assert single.verifiers == {"": "math"} and {r.task for r in single.train_records() + single.eval_records()} == {""}
   for bad, message in (({"prompt": "p", "answer": "a", "task": "sql"}, "line 2: task field 'task' must be one of"),
                        ({"prompt": "p", "answer": {"starter": ""}, "task": "code"}, "line 2: answer field 'answer' "
                                                                                    "of a code row has no tests"),
@@ -182,9 +182,9 @@ def test_short_mixed_run_scores_code_in_the_sandbox_and_reports_per_task(tmp_pat
     Sandbox(SandboxConfig()).check_available()
   except SandboxUnavailable as exc:
     pytest.skip(f"no usable sandbox here: {exc}")
-  cfg = tiny_config(tmp_path, "data.task=mixed", "data.reward_fn=", "data.task_mix=ratio", "data.num_eval=8",
+  cfg = tiny_config(tmp_path, "data.task=mixed", "reward.fn=", "data.task_mix=ratio", "data.num_eval=8",
                     "rollout.interruption.answer_budget=7", "pipeline.steps=10", "pipeline.eval_every=2",
-                    "data.reward_workers=1", "data.reward_timeout_s=10")
+                    "reward.workers=1", "reward.timeout_s=10")
   job = RLJob(cfg, progress=False)
   job.run_sync()
   rows = read_metrics(job.run_dir)

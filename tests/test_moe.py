@@ -326,7 +326,7 @@ def test_pipeline_run_with_an_moe_policy_reports_routing(tmp_path):
   """PipelineRL-1 with an MoE policy: trainer on 4 devices with the experts split over them, generators on the
   other 4; routing replay on. Every step's metrics carry the router losses, the mismatch and the expert loads."""
   moe = ["model.family=moe", "model.num_experts=4", "model.experts_per_token=2", "model.moe_intermediate=32",
-         "model.num_layers=2", "model.mlp_only_layers=[0]", "rollout.routing_replay=true",
+         "model.num_layers=2", "model.mlp_only_layers=[0]", "trainer.routing_replay=true",
          "mesh.generator_devices=4", "mesh.spec=data=1,fsdp=1,tensor=1,expert=4",
          "mesh.generator_spec=data=2,tensor=1,expert=2", "pipeline.max_lag=1", "pipeline.steps=4",
          "pipeline.eval_every=0", "checkpoint.every_steps=100", "trainer.micro_batches=2"]

@@ -53,7 +53,7 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run_with_a_usable_che
 
 def test_final_evaluation_runs_when_steps_are_a_multiple_of_the_checkpoint_interval(tmp_path):
   job = tiny_job(tmp_path, "pipeline.steps=4", "checkpoint.every_steps=2", "pipeline.eval_every=3",
-                 "pipeline.mode=sync")
+                 "pipeline.mode=lockstep")
   job.run_sync()
   last = read_metrics(job.run_dir)[-1]
   assert last["step"] == 4 and "eval/pass_rate" in last
@@ -84,7 +84,7 @@ def test_npr_epoch_snapshot_does_not_depend_on_how_far_the_trainer_has_got(tmp_p
   k, steps = 2, 8
   overrides = [*SPLIT, f"pipeline.max_lag={k}", f"pipeline.steps={steps}", "pipeline.eval_every=0",
                "checkpoint.every_steps=100", "data.num_train=16", "data.npr.threshold=0.5",
-               "data.reward_fn=tests.test_reliability.answer_is_even"]
+               "reward.fn=tests.test_reliability.answer_is_even"]
   lagging = tiny_job(tmp_path / "lagging", *overrides)
   consume_after_generating(lagging, lambda s: min(s + k, steps - 1))
   lagging.run()
@@ -99,17 +99,17 @@ def test_npr_epoch_snapshot_does_not_depend_on_how_far_the_trainer_has_got(tmp_p
   assert consumed_prompt_ids(eager.run_dir) == consumed_prompt_ids(lagging.run_dir)
 
 
-@pytest.mark.parametrize("mode", ["sync", "pipeline"])  # the pipeline's generator thread hits it there
+@pytest.mark.parametrize("mode", ["lockstep", "pipeline"])  # the pipeline's generator thread hits it there
 def test_npr_exhausting_the_pool_stops_cleanly_and_the_run_continues_with_npr_off(tmp_path, mode):
   overrides = [f"pipeline.mode={mode}", "pipeline.max_lag=0", "pipeline.steps=12", "data.num_train=8", "data.npr.threshold=0.5",
-               "data.reward_fn=tests.test_reliability.always_one", "checkpoint.every_steps=100",
+               "reward.fn=tests.test_reliability.always_one", "checkpoint.every_steps=100",
                "pipeline.eval_every=0"]
   job = tiny_job(tmp_path, *overrides)
   with pytest.raises(PromptsExhausted, match="stopped at step 2 with a checkpoint.*data.npr.enabled=false"):
-    job.run_sync() if mode == "sync" else job.run()
+    job.run_sync() if mode == "lockstep" else job.run()
   assert job.ckpt.latest_step() == 2
   again = tiny_job(tmp_path, *overrides, "data.npr.enabled=false", "pipeline.steps=4")
-  again.run_sync() if mode == "sync" else again.run()
+  again.run_sync() if mode == "lockstep" else again.run()
   assert [r["step"] for r in read_consumed(tmp_path)] == [0, 1, 2, 3]
 
 
@@ -147,9 +147,9 @@ def test_data_metrics_carry_one_prefix(tmp_path):
 def test_a_restart_is_not_compute(tmp_path):
   """What a (re)start does once happens before the compute clock starts (the reward workers are up) or is
   subtracted from it (XLA compilation inside the loop: a resumed run recompiles the rollout engine)."""
-  first = tiny_job(tmp_path, "pipeline.mode=sync", "pipeline.steps=2", "checkpoint.every_steps=2")
+  first = tiny_job(tmp_path, "pipeline.mode=lockstep", "pipeline.steps=2", "checkpoint.every_steps=2")
   first.run_sync()
-  resumed = tiny_job(tmp_path, "pipeline.mode=sync", "pipeline.steps=4", "checkpoint.every_steps=2")
+  resumed = tiny_job(tmp_path, "pipeline.mode=lockstep", "pipeline.steps=4", "checkpoint.every_steps=2")
   seen = []
   start = resumed.meter.start
   resumed.meter.start = lambda: (seen.append(resumed.rewards._pool.started), start())
@@ -178,8 +178,8 @@ def test_one_non_finite_step_is_skipped_and_the_run_goes_on(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("override,key", [
-    ("optimizer.lr=inf", "optimizer.lr"), ("data.failure_reward=nan", "data.failure_reward"),
-    ("data.failure_reward=0.5", "data.failure_reward"),  # above the 01 scale's lowest reward: beats a wrong answer
+    ("optimizer.lr=inf", "optimizer.lr"), ("reward.on_failure=nan", "reward.on_failure"),
+    ("reward.on_failure=0.5", "reward.on_failure"),  # above the 01 scale's lowest reward: beats a wrong answer
     ("checkpoint.every_steps=0", "checkpoint.every_steps"), ("warm_start.eval_every=0", "warm_start.eval_every"),
     ("warm_start.batch_size=0", "warm_start.batch_size"), ("warm_start.batch_size=100000", "warm_start.batch_size"),
     ("warm_start.max_steps=-1", "warm_start.max_steps"), ("data.num_eval=0", "data.num_eval")])
@@ -187,8 +187,8 @@ def test_values_that_used_to_crash_late_or_do_nothing_are_refused(override, key)
   from scalerl_jax.config import load_config
   with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
     load_config(overrides=[override])
-  if key == "data.failure_reward" and override.endswith("0.5"):
-    assert load_config(overrides=["data.reward_scale=pm1", "data.failure_reward=-1"]).data.failure_reward == -1
+  if key == "reward.on_failure" and override.endswith("0.5"):
+    assert load_config(overrides=["reward.scale=pm1", "reward.on_failure=-1"]).reward.on_failure == -1
 
 
 def test_a_second_run_on_a_live_run_directory_is_refused(tmp_path):
@@ -211,7 +211,7 @@ def raise_on_even_answers(completion: str, answer: str) -> float:
 
 def test_evaluation_counts_reward_failures(tmp_path):
   job = tiny_job(tmp_path, "pipeline.steps=1", "pipeline.eval_every=1", "pipeline.eval_samples=2",
-                 "data.reward_fn=tests.test_reliability.raise_on_even_answers")
+                 "reward.fn=tests.test_reliability.raise_on_even_answers")
   even = sum(int(p.answer[0]) % 2 == 0 for p in job.evaluator.prompts)
   assert 0 < even < len(job.evaluator.prompts), "precondition: some eval answers fail, not all"
   try:

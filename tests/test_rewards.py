@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 
 from scalerl_jax import types
-from scalerl_jax.config import ConfigError, DataConfig
+from scalerl_jax.config import ConfigError, RewardConfig
 from scalerl_jax.config.schema import SandboxConfig
 from scalerl_jax.errors import UserError
-from scalerl_jax.rewards import (RewardError, RewardRunner, RunResult, Scored, code, code_reward, exact_match_reward,
-                                 load_reward_fn, make_reward_runner, math_verify_reward, worker)
+from scalerl_jax.rewards import (VERIFIERS, RewardError, RewardRunner, RunResult, Scored, TaskRewards, code,
+                                 code_reward, countdown_reward, exact_match_reward, load_reward_fn, make_reward_runner,
+                                 math_verify_reward, verifier, worker)
 from tests import test_rewards_faulty as faulty
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -170,8 +171,8 @@ def test_the_pool_scores_bit_for_bit_like_the_inline_path_and_from_two_threads_a
 
 def test_a_wrong_signature_or_an_unsendable_function_is_refused_when_the_runner_is_built():
   for name in ("one_argument", "three_arguments"):
-    with pytest.raises(ConfigError, match=rf"data\.reward_fn: .*{name}.*cannot be called as fn\(completion"):
-      make_reward_runner(DataConfig(reward_fn=f"tests.test_rewards_faulty.{name}"), exact_match_reward)
+    with pytest.raises(ConfigError, match=rf"reward\.fn: .*{name}.*cannot be called as fn\(completion"):
+      make_reward_runner(RewardConfig(fn=f"tests.test_rewards_faulty.{name}"), {"": "addition"})
   with pytest.raises(ConfigError, match="module-level function"):
     RewardRunner(lambda c, a: 1.0)  # process isolation needs a function its dotted path imports
 
@@ -283,16 +284,51 @@ def test_load_reward_fn_by_dotted_path():
 
 
 def test_make_reward_runner_prefers_the_configured_function_and_picks_the_isolation():
-  from scalerl_jax.data.tasks import AdditionTask, CountdownTask
-
-  cfg = DataConfig(reward_fn="tests.test_rewards_faulty.raises_on_boom", reward_timeout_s=1.5, failure_reward=-1.0,
-                   reward_scale="pm1", reward_workers=3)
-  runner = make_reward_runner(cfg, exact_match_reward)
+  cfg = RewardConfig(fn="tests.test_rewards_faulty.raises_on_boom", timeout_s=1.5, on_failure=-1.0, scale="pm1",
+                     workers=3)
+  runner = make_reward_runner(cfg, {"": "addition"})
   assert runner.fn is faulty.raises_on_boom and runner.timeout_s == 1.5 and runner.scale == "pm1"
   assert runner.isolation == "process" and runner._pool.workers == 3 and not runner._pool.started
-  default = make_reward_runner(DataConfig(), exact_match_reward)
+  default = make_reward_runner(RewardConfig(), {"": "addition"})
   assert default.fn is exact_match_reward and default.isolation == "inline"
-  assert make_reward_runner(DataConfig(reward_scale="pm1"), exact_match_reward).failure_reward == -1.0
-  for reward, isolation in [(AdditionTask.reward, "inline"), (CountdownTask.reward, "inline"),
-                            (math_verify_reward, "process")]:  # FileTask's (an instance property)
-    assert make_reward_runner(DataConfig(), reward).isolation == isolation
+  assert make_reward_runner(RewardConfig(scale="pm1"), {"": "addition"}).failure_reward == -1.0
+  for task, isolation in [("addition", "inline"), ("countdown", "inline"), ("math", "process"),
+                          ("word_problems", "process")]:
+    assert make_reward_runner(RewardConfig(), {"": task}).isolation == isolation
+
+
+def test_a_verifier_is_looked_up_by_task_name_in_one_registry():
+  """Every task names its verifiers in one form ({prompt task: verifier name}) and make_reward_runner looks each up
+  in one registry: untagged prompts get one runner, tagged tasks one runner per task."""
+  from scalerl_jax.data.tasks import AdditionTask, MixedTask
+  from scalerl_jax.config import DataConfig
+
+  assert verifier("addition") is exact_match_reward and verifier("countdown") is countdown_reward
+  assert verifier("code") is code_reward and verifier("math") is math_verify_reward
+  with pytest.raises(ValueError, match="no verifier for task 'chess'; the known ones: addition, countdown"):
+    verifier("chess")
+  assert AdditionTask(2, num_train=20, num_eval=4, num_warmstart_val=4).verifiers == {"": "addition"}
+  mixed = MixedTask(DataConfig(task="mixed", digits=2, code_digits=2, num_train=20, num_eval=4))
+  assert mixed.verifiers == {"math": "addition", "code": "code"} and set(mixed.verifiers.values()) <= set(VERIFIERS)
+  rewards = make_reward_runner(RewardConfig(), mixed.verifiers, sandbox=SandboxConfig())
+  assert isinstance(rewards, TaskRewards)
+  assert {t: r.fn for t, r in rewards.runners.items()} == {"math": exact_match_reward, "code": code_reward}
+  with pytest.raises(ValueError, match="verifiers must be"):
+    make_reward_runner(RewardConfig(), {"": "addition", "code": "code"})
+
+
+def test_rewards_import_nothing_of_data():
+  """rewards/ sits below data/ in the import graph: the markers it needs are scalerl_jax/markers.py's, and the
+  tasks name their verifiers (data/ may import rewards/, never the reverse). Read from the source, so imports inside
+  functions count too."""
+  upward = []
+  for path in sorted((ROOT / "scalerl_jax" / "rewards").glob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom):
+        names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+      else:
+        continue
+      upward += [f"{path.name}: {n}" for n in names if n == "scalerl_jax.data" or n.startswith("scalerl_jax.data.")]
+  assert not upward, upward

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from scalerl_jax import types
-from scalerl_jax.config import ConfigError, DataConfig
+from scalerl_jax.config import ConfigError, RewardConfig
 from scalerl_jax.config.schema import SandboxConfig
-from scalerl_jax.rewards import RewardRunner, code, exact_match_reward, make_reward_runner, sandbox as sb
+from scalerl_jax.rewards import RewardRunner, code, make_reward_runner, sandbox as sb
 from scalerl_jax.rewards.code import code_reward
 from scalerl_jax.rewards.sandbox import Sandbox, SandboxUnavailable
 
@@ -325,10 +325,10 @@ def test_escapes_through_the_pool_are_scored_counted_and_the_run_goes_on(box):
   texts = [fenced(program) for program, _ in ESCAPES.values()] + [fenced("print('ok')"), "no program", "so|7"]
   n = len(ESCAPES)
   groups = [_group("code", answer, list(range(n))), _group("code", answer, [n, n + 1]), _group("math", "7", [n + 2])]
-  cfg = DataConfig(reward_workers=2, reward_timeout_s=60.0)
+  cfg = RewardConfig(workers=2, timeout_s=60.0)
   with pytest.raises(ValueError, match="sandbox=cfg.sandbox"):
-    make_reward_runner(cfg, {"math": exact_match_reward, "code": code_reward})
-  rewards = make_reward_runner(cfg, {"math": exact_match_reward, "code": code_reward}, sandbox=LIMITS)
+    make_reward_runner(cfg, {"math": "addition", "code": "code"})
+  rewards = make_reward_runner(cfg, {"math": "addition", "code": "code"}, sandbox=LIMITS)
   assert rewards.runners["code"].isolation == "process" and rewards.runners["math"].isolation == "inline"
   with rewards:
     rewards.start()  # checks the sandbox, then starts the code workers
@@ -350,13 +350,13 @@ def test_escapes_through_the_pool_are_scored_counted_and_the_run_goes_on(box):
     with pytest.raises(ConfigError, match="task 'poetry'.*code, math"):
       rewards.score_groups([_group("poetry", answer, [n])], lambda tokens: texts[int(tokens[0])])
     state = rewards.state()
-  resumed = make_reward_runner(cfg, {"math": exact_match_reward, "code": code_reward}, sandbox=LIMITS)
+  resumed = make_reward_runner(cfg, {"math": "addition", "code": "code"}, sandbox=LIMITS)
   resumed.load_state(json.loads(json.dumps(state)))
   assert resumed.metrics()["reward/code/cause/ok"] == 1
 
 
 def test_the_pool_keeps_scoring_after_a_worker_is_killed(box):
-  """A program that outlives data.reward_timeout_s (its own wall limit is longer) gets its worker killed by the
+  """A program that outlives reward.timeout_s (its own wall limit is longer) gets its worker killed by the
   pool; bubblewrap dies with the worker (--die-with-parent) and the next batch runs on a fresh worker."""
   marker = f"scalerl-sandbox-orphan-{os.getpid()}"
   slow = dataclasses.replace(LIMITS, wall_s=1000.0, cpu_s=1000.0)

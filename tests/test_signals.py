@@ -16,7 +16,7 @@ from tests.test_resume import ROOT, _command, _env
 GENEROUS_S = 120  # far above the few seconds a stop takes, far below what the phases would run on for
 
 
-@pytest.mark.parametrize("sig,flags,code", [(signal.SIGTERM, [], 143), (signal.SIGINT, ["--sync"], 130)])
+@pytest.mark.parametrize("sig,flags,code", [(signal.SIGTERM, [], 143), (signal.SIGINT, ["--reference-loop"], 130)])
 def test_signal_checkpoints_at_the_step_boundary_and_exits(tmp_path, sig, flags, code):
   run_dir = tmp_path / "run"
   command = [*_command(run_dir), *flags, "pipeline.steps=100000", "pipeline.eval_every=0",

@@ -66,7 +66,7 @@ def test_an_interrupted_study_continues_without_rerunning_finished_runs(tmp_path
   from launch.study import run_study
 
   monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the runs' reward function lives in tests/
-  common = [*TINY, "pipeline.eval_every=1", "data.reward_fn=tests.pipeline_helpers.reward_digit_one"]
+  common = [*TINY, "pipeline.eval_every=1", "reward.fn=tests.pipeline_helpers.reward_digit_one"]
   broken = _write_study(tmp_path, {"a": {}, "b": {"overrides": ["optimizer.lr=-1"]}}, steps=2, overrides=common)
   spec = study.load_study(broken)
   env_ok = pathlib.Path(spec.dir / "a" / "seed0" / "metrics.jsonl")

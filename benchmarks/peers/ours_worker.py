@@ -6,9 +6,9 @@ batching and jitted train step), driven round by round through the job's own Pip
 Each "run N steps" runs `run_pipeline` with a fresh GeneratorThread over batches [v, v + N) and the job's own
 `consume` (what `RLJob.run` does between `start` and `end`); the job is set up once (compilation happens in
 `setup`, before the first round). PipelineRL-0 (k = 0): every batch is sampled by the params it trains, so the
-loss is on-policy. Loss: loss.name=grpo, kl_coef 0, advantages normalised by each group's std (adv_norm=prompt),
+loss is on-policy. Loss: loss.name=grpo, no KL term, advantages normalised by each group's std (adv_norm=prompt),
 each sample's token mean averaged over samples (aggregation=sample), no zero-variance filter: GRPO's settings.
-The reward is the workload's (spec "reward", a dotted name the job's reward runner imports: data.reward_fn). When
+The reward is the workload's (spec "reward", a dotted name the job's reward runner imports: reward.fn). When
 the prompts file carries our token ids (prompt_ids) every trained group's prompt tokens are checked against them,
 as the peers check theirs.
 """
@@ -31,8 +31,8 @@ if SPEC:  # before jax is imported: this many XLA CPU devices (an inherited coun
   os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={SPEC.get('xla_devices', 1)}"])
 
 from scalerl_jax.config import (CheckpointConfig, DataConfig, InterruptionConfig, LoggingConfig,  # noqa: E402
-                                LossConfig, ModelConfig, NPRConfig, OptimizerConfig, PipelineConfig, RolloutConfig,
-                                RunConfig, WarmStartConfig, validate)
+                                LossConfig, ModelConfig, NPRConfig, OptimizerConfig, PipelineConfig, RewardConfig,
+                                RolloutConfig, RunConfig, WarmStartConfig, validate)
 from scalerl_jax.pipeline.job import RLJob  # noqa: E402
 from scalerl_jax.pipeline.orchestrator import BatchBuffer, GeneratorThread, run_pipeline  # noqa: E402
 
@@ -51,13 +51,11 @@ def run_config(spec: dict) -> RunConfig:
       rollout=RolloutConfig(max_slots=slots, max_prefill_len=width, prefill_buckets=(width,), max_new_tokens=new,
                             decode_chunk=spec.get("decode_chunk", 16), temperature=spec["temperature"],
                             interruption=InterruptionConfig(enabled=False)),
-      loss=LossConfig(name="grpo", aggregation="sample", adv_norm="prompt", kl_coef=0.0,
-                      zero_variance_filter=False),
+      loss=LossConfig(name="grpo", aggregation="sample", adv_norm="prompt", zero_variance_filter=False),
       data=DataConfig(task="file", path=spec["prompts"], eval_path=spec["prompts"], num_eval=1,
                       tokenizer=spec["checkpoint"], prompts_per_step=spec["prompts_per_step"],
-                      samples_per_prompt=spec["samples"], reward_fn=spec.get("reward", "peer_common.digit_fraction"),
-                      seed=spec["seed"],
-                      npr=NPRConfig(enabled=False), reward_workers=1),
+                      samples_per_prompt=spec["samples"], seed=spec["seed"], npr=NPRConfig(enabled=False)),
+      reward=RewardConfig(fn=spec.get("reward", "peer_common.digit_fraction"), workers=1),
       optimizer=OPTIMIZERS[spec["optimizer"]](spec["lr"]),
       warm_start=WarmStartConfig(enabled=False),
       pipeline=PipelineConfig(mode="pipeline", max_lag=0, steps=10 ** 9, eval_every=0),
@@ -85,7 +83,7 @@ class OursWorker:
     from scalerl_jax.model import param_count
     cfg = self.job.cfg
     return {"system": "scalerl_jax", "jax": jax.__version__, "devices": len(jax.devices()),
-            "params": int(param_count(cfg.model)), "loss": "grpo (kl_coef 0, adv_norm prompt, aggregation sample)",
+            "params": int(param_count(cfg.model)), "loss": "grpo (no KL term, adv_norm prompt, aggregation sample)",
             "optimizer": dataclasses.asdict(cfg.optimizer), "pipeline": "PipelineRL-0 (run_pipeline, k = 0)",
             "prompt_width": cfg.rollout.max_prefill_len, "kv_cache": cfg.model.max_seq_len,
             "decode_chunk": cfg.rollout.decode_chunk}

@@ -14,17 +14,40 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from scalerl_jax.config.schema import _MOVED, CHOICES, ConfigError, RunConfig
+from scalerl_jax.config.schema import CHOICES, MOVED, REMOVED, RENAMED_VALUES, ConfigError, RunConfig
 from scalerl_jax.config.validate import validate
 
 
 def _clean(exc: OmegaConfBaseException, source: str) -> ConfigError:
   key = getattr(exc, "full_key", None)
   msg = str(exc).splitlines()[0]
-  if key in _MOVED:
-    msg += f" (moved to {_MOVED[key]})"
   where = f" in {source}" if source else ""
   return ConfigError(f"{key}: {msg}{where}" if key else f"{msg}{where}")
+
+
+def _leaves(tree: Any, prefix: str = "") -> list[tuple[str, Any]]:
+  """(dotted key, value) of every key of a plain nested dict, groups included (a group's value is its dict)."""
+  out = []
+  for k, v in tree.items() if isinstance(tree, dict) else ():
+    out += [(f"{prefix}{k}", v)] + _leaves(v, f"{prefix}{k}.")
+  return out
+
+
+def _refuse_retired(node, source: str) -> None:
+  """One ConfigError naming every spelling of `node` (one file's keys, or one override's) that the config no longer
+  takes, each with what replaced it: a moved key (schema.MOVED), a removed one (REMOVED), a renamed value
+  (RENAMED_VALUES). Checked here, before the merge, so an old spelling is never read as something else."""
+  errors = []
+  for key, value in _leaves(OmegaConf.to_container(node, resolve=False)):
+    if key in MOVED:
+      errors.append(f"{key}: moved to {MOVED[key]}")
+    elif key in REMOVED:
+      errors.append(f"{key}: removed ({REMOVED[key]})")
+    elif isinstance(value, str) and (key, value) in RENAMED_VALUES:
+      new, what = RENAMED_VALUES[key, value]
+      errors.append(f"{key}: {value!r} was renamed {new!r} ({what})")
+  if errors:
+    raise ConfigError("\n".join(f"{e} in {source}" for e in errors))
 
 
 def _file_chain(path: Optional[str | pathlib.Path]) -> list[pathlib.Path]:
@@ -77,7 +100,7 @@ def _str_keys(cls: type = None, prefix: str = "") -> frozenset:
 
 
 def _override(item: str) -> Any:
-  """One `key=value`; a string- or name-valued key takes its text as written (`data.reward_scale=01` is "01", not 1;
+  """One `key=value`; a string- or name-valued key takes its text as written (`reward.scale=01` is "01", not 1;
   `data.prompt_field=no` is "no", not False); any other value is YAML, and YAML that does not parse is a ConfigError."""
   key, _, value = (s.strip() for s in item.partition("="))
   if key in CHOICES or key in _str_keys():
@@ -101,14 +124,17 @@ def load_config(path: Optional[str | pathlib.Path] = None, overrides: Sequence[s
     loaded = _load_yaml(file)
     try:
       loaded.pop("base", None)
+      _refuse_retired(loaded, str(file))
       merged = OmegaConf.merge(merged, loaded)
     except OmegaConfBaseException as exc:
       raise _clean(exc, str(file)) from None
   for item in overrides:
     if "=" not in item:
       raise ConfigError(f"override {item!r} is not of the form key=value")
+    node = _override(item)
+    _refuse_retired(node, f"override {item!r}")
     try:
-      merged = OmegaConf.merge(merged, _override(item))
+      merged = OmegaConf.merge(merged, node)
     except OmegaConfBaseException as exc:
       raise _clean(exc, f"override {item!r}") from None
   try:

@@ -36,14 +36,15 @@ RopeScaling = Literal["default", "llama3"]  # "llama3": Llama-3.1 frequency scal
 LossName = Literal["cispo", "reinforce", "grpo", "ppo", "dapo", "gspo"]
 Aggregation = Literal["prompt", "sample", "token", "seq_mean_token_sum"]
 AdvNorm = Literal["batch", "prompt", "none"]
-KLEstimator = Literal["k1", "k3"]
 # mixed: addition + code; word_problems: English arithmetic for a pretrained instruct model
 TaskName = Literal["addition", "countdown", "code", "word_problems", "mixed", "file"]
 TaskMix = Literal["shuffled", "ratio"]  # how data.task=mixed fills batches
 LongPrompts = Literal["error", "truncate", "skip"]
 RewardScale = Literal["01", "pm1"]  # rewards in {0, 1} or {-1, +1}
 NPRHistory = Literal["last", "cumulative"]
-PipelineMode = Literal["pipeline", "ppo_offpolicy", "sync"]
+# lockstep: PipelineRL with k = 0, the generator thread waiting for every new version (not the reference loop
+# without threads, launch/train.py --reference-loop)
+PipelineMode = Literal["pipeline", "ppo_offpolicy", "lockstep"]
 # the compute axes scaling.io reads: generator_flops is the sampling compute alone (scaling.io.X_AXES)
 CurveX = Literal["accelerator_seconds", "accelerator_hours", "flops", "generator_flops", "steps"]
 
@@ -164,9 +165,6 @@ class RolloutConfig(_Choices):
   top_p: float = 1.0
   top_k: int = 0  # 0 = off
   interruption: InterruptionConfig = dataclasses.field(default_factory=InterruptionConfig)
-  # MoE: the generator records each token's top-k experts per MoE layer; on, the trainer's forward routes through
-  # those experts (its own router still sets the gate weights) instead of its own top-k
-  routing_replay: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,8 +180,6 @@ class LossConfig(_Choices):
   gspo_eps_low: float = 3e-3
   gspo_eps_high: float = 5e-3
   log_ratio_clamp: float = 20.0  # |log pi - log pi_gen| clamped before exp
-  kl_coef: float = 0.0  # must stay 0 until a reference policy fills TrainBatch.ref_logprobs
-  kl_estimator: KLEstimator = "k3"
   zero_variance_filter: bool = True
   # truncated samples stay in the loss on the CPU default's tiny budget (the 8B recipe excludes them)
   exclude_truncated: bool = False
@@ -224,13 +220,6 @@ class DataConfig(_Choices):
   seed: int = 0
   skip_bad_rows: bool = False
   long_prompts: LongPrompts = "error"
-  reward_fn: str = ""  # dotted path; empty = the task's own verifier
-  reward_timeout_s: float = 5.0  # per call; a call past it is killed (its worker process replaced) and scored a failure
-  reward_workers: int = 2  # processes that run verifiers which can hang (a user's reward_fn, math-verify)
-  # the score of a call that raised, timed out or returned no finite number, on the reward scale; null = the
-  # scale's lowest reward (0 under 01, -1 under pm1), so a failed verification never beats a wrong answer
-  failure_reward: Optional[float] = None
-  reward_scale: RewardScale = "01"
   # mixed tasks: a row's task (math | code) chooses its verifier and its per-task metrics; task=file reads it from
   # this field (rows without it are math); code rows hold their tests in the answer field (README: code datasets)
   task_field: str = "task"
@@ -240,6 +229,19 @@ class DataConfig(_Choices):
   # round(code_fraction * prompts_per_step) code prompts
   task_mix: TaskMix = "shuffled"
   npr: NPRConfig = dataclasses.field(default_factory=NPRConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig(_Choices):
+  """How completions are scored (scalerl_jax/rewards/runner.py): by the task's own verifier or `fn`, each call
+  bounded in time, a failed call scored `on_failure`, on one scale."""
+  fn: str = ""  # dotted path; empty = the task's own verifier
+  timeout_s: float = 5.0  # per call; a call past it is killed (its worker process replaced) and scored a failure
+  workers: int = 2  # processes that run verifiers which can hang (a user's reward.fn, math-verify)
+  # the score of a call that raised, timed out or returned no finite number, on the reward scale; null = the
+  # scale's lowest reward (0 under 01, -1 under pm1), so a failed verification never beats a wrong answer
+  on_failure: Optional[float] = None
+  scale: RewardScale = "01"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,6 +292,9 @@ class TrainerConfig:
   # a step whose loss or gradients are not finite is skipped (params and optimizer state untouched) and counted;
   # this many in a row stop the run with the last good checkpoint
   max_skipped_steps: int = 10
+  # MoE: the generator records each token's top-k experts per MoE layer; on, the trainer's forward routes through
+  # those experts (its own router still sets the gate weights) instead of its own top-k
+  routing_replay: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,7 +314,7 @@ class WarmStartConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig(_Choices):
-  mode: PipelineMode = "pipeline"  # PipelineRL-k | PPO-off-policy-k | the synchronous reference loop
+  mode: PipelineMode = "pipeline"  # PipelineRL-k | PPO-off-policy-k | lockstep: PipelineRL with k = 0
   max_lag: int = 0  # k (0 on 2 shared CPU cores; the 8B recipe uses 8)
   steps: int = 300
   eval_every: int = 10
@@ -358,6 +363,7 @@ class RunConfig:
   rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
   loss: LossConfig = dataclasses.field(default_factory=LossConfig)
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
   sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
   optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
   trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
@@ -384,8 +390,25 @@ def _group_keys(cls: type, prefix: str = "") -> dict:
 _GROUP_KEYS = _group_keys(RunConfig)  # LossConfig -> "loss", NPRConfig -> "data.npr", ...
 # Every name-valued key and its options, read off the Literal types (a view for help texts and benchmarks).
 CHOICES = {f"{key}.{name}": options for cls, key in _GROUP_KEYS.items() for name, options in _literal_fields(cls)}
-# Keys that moved to another group: an old file or override that uses one is told where it went.
-_MOVED = {"pipeline.micro_batches": "trainer.micro_batches", "pipeline.shared_prompt": "trainer.shared_prompt"}
+# Spellings a config no longer takes: a file or override that uses one is refused with where it went (load.py
+# checks every source before merging it), never read as something else. A checkpoint written before a move still
+# resumes: its fingerprint's keys are read through MOVED (train/checkpoint.py).
+MOVED = {  # old key -> its new key
+    "pipeline.micro_batches": "trainer.micro_batches",
+    "pipeline.shared_prompt": "trainer.shared_prompt",
+    "data.reward_fn": "reward.fn",
+    "data.reward_timeout_s": "reward.timeout_s",
+    "data.reward_workers": "reward.workers",
+    "data.failure_reward": "reward.on_failure",
+    "data.reward_scale": "reward.scale",
+    "rollout.routing_replay": "trainer.routing_replay",
+}
+_NO_REFERENCE = "a KL penalty needs a reference policy, which does not exist yet"
+REMOVED = {"loss.kl_coef": _NO_REFERENCE, "loss.kl_estimator": _NO_REFERENCE}  # old key -> why it went
+RENAMED_VALUES = {  # (key, old value) -> (its new name, what it is)
+    ("pipeline.mode", "sync"): ("lockstep", "PipelineRL with k = 0; the reference loop without threads is "
+                                "launch/train.py --reference-loop"),
+}
 
 __all__ = [
     "AdvNorm",
@@ -399,7 +422,6 @@ __all__ = [
     "DType",
     "DataConfig",
     "InterruptionConfig",
-    "KLEstimator",
     "KVCacheDType",
     "LoggingConfig",
     "LongPrompts",
@@ -416,6 +438,7 @@ __all__ = [
     "OptimizerConfig",
     "PipelineConfig",
     "PipelineMode",
+    "RewardConfig",
     "RewardScale",
     "RolloutConfig",
     "RunConfig",

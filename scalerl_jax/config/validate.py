@@ -83,19 +83,18 @@ def validate(cfg: RunConfig) -> RunConfig:
   need(l.eps_high > 0, "loss.eps_high", "must be positive")
   need(l.dual_clip is None or l.dual_clip > 1, "loss.dual_clip", "must be > 1 or null")
   need(l.log_ratio_clamp > 0, "loss.log_ratio_clamp", "must be positive")
-  need(l.kl_coef == 0, "loss.kl_coef", "must be 0: a KL penalty needs a reference policy, which is not implemented "
-       "yet (nothing fills TrainBatch.ref_logprobs)")
   need(0 < l.length_penalty_cache < l.length_penalty_max, "loss.length_penalty_cache",
        f"must be in (0, loss.length_penalty_max={l.length_penalty_max})")
   d = cfg.data
   need(d.prompts_per_step > 0, "data.prompts_per_step", "must be positive")
   need(d.samples_per_prompt > 1, "data.samples_per_prompt", "must be >= 2 (advantages are group-relative)")
   need(d.task != "file" or bool(d.path), "data.path", "is required when data.task=file")
-  need(d.reward_timeout_s > 0, "data.reward_timeout_s", "must be positive")
-  need(d.reward_workers >= 1, "data.reward_workers", "must be >= 1")
-  lowest = 0.0 if d.reward_scale == "01" else -1.0
-  need(d.failure_reward is None or d.failure_reward <= lowest, "data.failure_reward",
-       f"must be at most the lowest reward of data.reward_scale={d.reward_scale} ({lowest:g}) or null, so a failed "
+  rw = cfg.reward
+  need(rw.timeout_s > 0, "reward.timeout_s", "must be positive")
+  need(rw.workers >= 1, "reward.workers", "must be >= 1")
+  lowest = 0.0 if rw.scale == "01" else -1.0
+  need(rw.on_failure is None or rw.on_failure <= lowest, "reward.on_failure",
+       f"must be at most the lowest reward of reward.scale={rw.scale} ({lowest:g}) or null, so a failed "
        "verification never scores above a wrong answer")
   need(d.num_eval > 0, "data.num_eval", "must be positive (the held-out set the curve is measured on)")
   need(d.task == "file" or d.num_train > 0, "data.num_train", "must be positive")

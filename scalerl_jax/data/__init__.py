@@ -10,9 +10,10 @@
                     (held-out rows by hash, or data.eval_path)
   word_problems.py  English arithmetic word problems answered in \\boxed{} (data.task=word_problems): the built-in
                     task for a pretrained instruct model
-  arith.py          safe integer-expression evaluation for the countdown verifier
   npr.py            No-Positive-Resampling pass-rate history
   prompt_stream.py  grain prompt stream: per-epoch shuffle, NPR filter, process shards, exact resume
 
-Verifiers and success metrics live in `scalerl_jax.rewards`.
+Verifiers and success metrics live in `scalerl_jax.rewards`: a task names the verifier of each of its prompts'
+tasks (`verifiers`, {prompt task: verifier name}) and rewards.verifier looks it up; data/ imports nothing of
+rewards/. The character vocabulary's markers are scalerl_jax/markers.py's.
 """

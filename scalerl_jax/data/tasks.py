@@ -1,7 +1,8 @@
 """Verifiable tasks: two built-in ones generated from a seed, and user files.
 
-Every task gives Records for its splits, a verifier `reward(completion, answer) -> float in [0, 1]` and, for the
-built-in tasks, the reference worked completion `solution(record)` for a supervised warm start.
+Every task gives Records for its splits, `verifiers` ({a prompt's task: the name of its verifier}, looked up by
+rewards.verifier; {"": name} when the prompts carry no task) and, for the built-in tasks, the reference worked
+completion `solution(record)` for a supervised warm start.
 
 Built-in splits, disjoint by prompt text (checked at construction):
   - eval            `num_eval` prompts, the held-out set for mean@n / pass@k. Never trained on, by RL or warm start.
@@ -31,8 +32,9 @@ EOS):
     reach the target with + - * and exact integer /, each number used at most once. The work is a running chain of
     steps "a op b = r op c = r' ...", then '|', then one expression.
         prompt "3,5,7>22:"   completion "3*5=15+7=22|3*5+7$"   answer "3,5,7>22"
-    Reward: the expression after the last '|' parses (arith.py), uses each given number at most once, equals the
-    target. The reference chain uses every number once, keeps every intermediate positive, and never divides by 1.
+    Reward: the expression after the last '|' parses (rewards/arith.py), uses each given number at most once,
+    equals the target. The reference chain uses every number once, keeps every intermediate positive, and never
+    divides by 1.
   code (knob `code_digits` = d): write f(x) = a*x + b (a in 1..9, b in [0, 10^d)) from its values at 0 and 1.
     The work is the slope f(1) - f(0), then '|', then the function body as a Python expression in x; the program
     run is "def f(x):return " + that expression, against one assert test of x = 2, 3, 7 and 10 in the sandbox
@@ -46,7 +48,6 @@ EOS):
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import hashlib
 import json
@@ -55,11 +56,9 @@ from typing import Callable
 
 import numpy as np
 
-from scalerl_jax.data import arith
-from scalerl_jax.rewards import exact_match_reward, final_answer, math_verify_reward
 from scalerl_jax.data.sources import DataError, Record, read_records
-from scalerl_jax.data.tokenizer import END_MARKER, EOS_CHAR
 from scalerl_jax.data.word_problems import WordProblemTask
+from scalerl_jax.markers import END_MARKER, EOS_CHAR
 
 NUM_WARMSTART_VAL = 256
 _SPLIT_SALT = {"eval": 1, "warmstart_val": 2, "train": 3}
@@ -91,6 +90,7 @@ class _BuiltinTask:
   name = ""
 
   def __init__(self, knob: int, seed: int, num_train: int, num_eval: int, num_warmstart_val: int):
+    self.verifiers = {"": self.name}  # untagged prompts, scored by the verifier of the task's own name
     self.skipped_rows = 0
     self.counts: dict[str, int] = {}  # no data file: nothing to count
     self._solutions: dict[str, str] = {}
@@ -158,10 +158,6 @@ class AdditionTask(_BuiltinTask):
       carry = (p[0] // 10**i % 10 + p[1] // 10**i % 10 + carry) // 10
     return "".join(map(str, carries)) + END_MARKER + self._answer(p) + EOS_CHAR
 
-  @staticmethod
-  def reward(completion: str, answer: str) -> float:
-    return exact_match_reward(completion, answer)
-
 
 class CountdownTask(_BuiltinTask):
   """Reach a target from a few small numbers; see the module docstring for the format."""
@@ -208,26 +204,6 @@ class CountdownTask(_BuiltinTask):
   def _solution(self, p: tuple) -> str:
     return f"{p[2]}{END_MARKER}{p[3]}{EOS_CHAR}"
 
-  @staticmethod
-  def reward(completion: str, answer: str) -> float:
-    nums_text, _, target = answer.partition(">")
-    expression = final_answer(completion)
-    if not expression:
-      return 0.0
-    try:
-      value, literals = arith.evaluate(expression)
-    except ValueError:
-      return 0.0
-    allowed = collections.Counter(int(x) for x in nums_text.split(","))
-    used = collections.Counter(literals)
-    return float(value == int(target) and all(used[n] <= allowed[n] for n in used))
-
-
-def code_reward(completion: str, answer: str) -> float:
-  """The sandboxed code verifier (scalerl_jax/rewards/code.py), imported when first called."""
-  from scalerl_jax.rewards.code import code_reward as run_tests
-  return run_tests(completion, answer)
-
 
 class CodeTask(_BuiltinTask):
   """Write a linear function from two of its values; see the module docstring for the format."""
@@ -260,8 +236,6 @@ class CodeTask(_BuiltinTask):
     a, b = p
     return f"{a}{END_MARKER}{a}*x+{b}{EOS_CHAR}"
 
-  reward = staticmethod(code_reward)
-
 
 class WordProblems(WordProblemTask, _BuiltinTask):
   """English arithmetic word problems for a pretrained instruct model (data/word_problems.py)."""
@@ -273,10 +247,10 @@ class WordProblems(WordProblemTask, _BuiltinTask):
 
 
 class MixedTask:
-  """The addition (math) and code tasks in one run: every record tagged with its task, `reward` a verifier per
-  task. Held-out and warm-start splits are both tasks' own (`data.num_eval` each). The training pool holds both
-  tasks' pools in the proportion data.code_fraction (the larger one cut to fit); `task_records()` gives them apart
-  for data.task_mix=ratio."""
+  """The addition (math) and code tasks in one run: every record tagged with its task, each task scored by its own
+  verifier (the math rows are addition problems: the addition verifier). Held-out and warm-start splits are both
+  tasks' own (`data.num_eval` each). The training pool holds both tasks' pools in the proportion
+  data.code_fraction (the larger one cut to fit); `task_records()` gives them apart for data.task_mix=ratio."""
 
   name = "mixed"
 
@@ -284,6 +258,7 @@ class MixedTask:
     self.tasks = {"math": AdditionTask(cfg.digits, cfg.seed, cfg.num_train, cfg.num_eval),
                   "code": CodeTask(cfg.code_digits, cfg.seed, cfg.num_train, cfg.num_eval)}
     self.code_fraction = cfg.code_fraction
+    self.verifiers = {"math": "addition", "code": "code"}
     self.counts: dict[str, int] = {}
     self.skipped_rows = 0
 
@@ -313,14 +288,13 @@ class MixedTask:
   def solution(self, record: Record) -> str:
     return self.tasks[record.task].solution(record)
 
-  reward = {"math": AdditionTask.reward, "code": code_reward}
-
 
 class FileTask:
   """Prompts from a JSONL/Parquet file (data.path). The held-out split is the first `num_eval` rows of
   data.eval_path when given, else `num_eval` rows of data.path held out by a hash of their id (so the split does not
   depend on the seed or on the file's row order); training rows whose prompt text equals a held-out
-  prompt are dropped (`overlap_dropped`). No reference completions: no warm start. Verifier: math-verify.
+  prompt are dropped (`overlap_dropped`). No reference completions: no warm start. Verifiers: math-verify ("math");
+  a file with code rows: math-verify for its math rows, the sandboxed code verifier for its code rows.
 
   `counts` ({"rows_read", "skipped_bad_rows", "overlap_dropped"}, unprefixed like PromptStream.counts) is what the
   run logs as data/... metrics; read_records has already logged a warning when rows were skipped."""
@@ -354,9 +328,11 @@ class FileTask:
     if not self._train:
       raise DataError(f"{cfg.path}: every training row repeats a held-out prompt")
     self.tasks_present = sorted({r.task for r in self._train + self._eval})
+    self.verifiers = {"math": "math", "code": "code"}
     if self.tasks_present == ["math"]:  # a math-only file: one verifier, untagged (the single-task run of before)
       self._train = [dataclasses.replace(r, task="") for r in self._train]
       self._eval = [dataclasses.replace(r, task="") for r in self._eval]
+      self.verifiers = {"": "math"}
 
   def train_records(self) -> list[Record]:
     return list(self._train)
@@ -369,13 +345,6 @@ class FileTask:
 
   def solution(self, record: Record) -> str:
     raise DataError("data.task=file has no reference completions; disable warm_start")
-
-  @property
-  def reward(self):
-    """math-verify; a file with code rows: {"math": math-verify, "code": the sandboxed code verifier}."""
-    if self.tasks_present == ["math"]:
-      return math_verify_reward
-    return {"math": math_verify_reward, "code": code_reward}
 
 
 def make_task(cfg) -> AdditionTask | CountdownTask | CodeTask | WordProblems | MixedTask | FileTask:

@@ -16,7 +16,8 @@ Character vocabulary (24 ids, shared by every built-in task; the model's vocab_s
     0 PAD   1 BOS   2..11 '0'..'9'   12 '+'  13 '-'  14 '*'  15 '/'  16 '='  17 '|'  18 '$'  19 ','  20 '>'
     21 ':'  22 '('  23 ')'
 
-'$' is EOS and '|' the end-of-thinking marker (rollout.interruption.end_marker / phrase). PAD and BOS decode to ''.
+'$' is EOS and '|' the end-of-thinking marker (rollout.interruption.end_marker / phrase; both in
+scalerl_jax/markers.py, which the verifiers read too). PAD and BOS decode to ''.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 from scalerl_jax.data.chat import ChatTemplate, load_chat_template
 from scalerl_jax.data.sources import DataError
+from scalerl_jax.markers import EOS_CHAR
 
-END_MARKER = "|"  # end of thinking in the built-in tasks' completions
-EOS_CHAR = "$"
 CHARS = "0123456789+-*/=|$,>:()x"  # x: the built-in code task's variable (appended: earlier ids unchanged)
 
 
@@ -183,7 +183,7 @@ class PretrainedTokenizer(HFTokenizer):
 
   def __init__(self, directory: str | pathlib.Path, chat_template: str = "", *, eos_token: Optional[str] = None,
                vocab_size: Optional[int] = None):
-    from scalerl_jax.model.hf import ID_CONFIGS, HFCheckpointError, _read_json, special_ids
+    from scalerl_jax.model.hf import ID_CONFIGS, HFCheckpointError, read_json, special_ids
 
     d = pathlib.Path(directory).expanduser()
     if not d.is_dir():
@@ -191,7 +191,7 @@ class PretrainedTokenizer(HFTokenizer):
     self._load(d / "tokenizer.json")
     self.directory, self.chat_template = d, chat_template
     tok_file = d / "tokenizer_config.json"
-    tok_cfg = _read_json(tok_file) if tok_file.is_file() else {}
+    tok_cfg = read_json(tok_file, optional=True)
     if not isinstance(tok_cfg, dict):
       raise DataError(f"{tok_file}: not a JSON object")
     self.tokenizer_config = tok_cfg
@@ -210,7 +210,7 @@ class PretrainedTokenizer(HFTokenizer):
     self.eos_id = self.eos_ids[0]
     self.bos_id = ids.bos_id
     self.pad_id = self.eos_id if ids.pad_id is None else ids.pad_id
-    model_cfg = _read_json(d / "config.json") if (d / "config.json").is_file() else {}
+    model_cfg = read_json(d / "config.json", optional=True)
     if vocab_size is None and isinstance(model_cfg.get("vocab_size"), int):
       check_vocab(self, model_cfg["vocab_size"], f"{d / 'config.json'} vocab_size")
     elif vocab_size is not None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 
 from scalerl_jax.data.sources import DataError
-from scalerl_jax.rewards.verifiers import boxed_answer_reward
 
 NAMES = ("Mia", "Liam", "Ava", "Noah", "Emma", "Omar", "Zoe", "Ravi", "Lena", "Kai", "Sofia", "Ben", "Aisha", "Leo",
          "Maya", "Tom", "Nora", "Ivan", "Chloe", "Sam")
@@ -87,5 +86,3 @@ class WordProblemTask:
     op, a, b = p[:3]
     result = self._answer(p)
     return f"{a} {op.replace('*', '×').replace('/', '÷')} {b} = {result}. The answer is \\boxed{{{result}}}."
-
-  reward = staticmethod(boxed_answer_reward)

@@ -67,7 +67,12 @@ class HFCheckpointError(UserError, ValueError):
   """A Hugging Face checkpoint we cannot load; the message names the file and the key or tensor."""
 
 
-def _read_json(path: pathlib.Path) -> dict:
+def read_json(path: pathlib.Path, *, optional: bool = False) -> Any:
+  """A checkpoint's JSON file (config.json, tokenizer_config.json, ...), read by one rule for the loader, the
+  exporter and the checkpoint's tokenizer (data/tokenizer.py): HFCheckpointError naming the file when it is missing
+  (with `optional`: {} instead) or not readable JSON."""
+  if optional and not path.is_file():
+    return {}
   if not path.is_file():
     raise HFCheckpointError(f"{path}: no such file (a Hugging Face checkpoint directory holds config.json)")
   try:
@@ -173,7 +178,7 @@ def hf_model_config(path_or_dict: str | os.PathLike | Mapping, *, dtype: str = "
                                  param_dtype=param_dtype or dtype)
     p = pathlib.Path(path_or_dict)
     p = p / "config.json" if p.is_dir() else p
-    hf, where = _read_json(p), str(p)
+    hf, where = read_json(p), str(p)
   family = hf.get("model_type")
   if family not in FAMILIES + MOE_FAMILIES:
     raise HFCheckpointError(f"{where}: model_type={family!r} is not a supported family "
@@ -317,7 +322,7 @@ def _weight_files(d: pathlib.Path) -> dict[str, pathlib.Path]:
   """{tensor name: the safetensors file that holds it} (read from the index, or the one file's header)."""
   index = d / "model.safetensors.index.json"
   if index.is_file():
-    weight_map = _read_json(index).get("weight_map")
+    weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict):
       raise HFCheckpointError(f"{index}: lacks the key 'weight_map'")
     files = {n: d / f for n, f in weight_map.items()}
@@ -437,9 +442,9 @@ def special_ids(directory: str | os.PathLike, token_id: Optional[Callable[[str],
     tokens = meta.get("tokenizer.ggml.tokens")
     return gguf.special_ids(meta, g, len(tokens) if isinstance(tokens, list) else None)
   d = pathlib.Path(directory)
-  configs = [(d / n, _read_json(d / n)) for n in ID_CONFIGS if (d / n).is_file()]
+  configs = [(d / n, read_json(d / n)) for n in ID_CONFIGS if (d / n).is_file()]
   tok_file = d / "tokenizer_config.json"
-  tok_cfg = _read_json(tok_file) if tok_file.is_file() else {}
+  tok_cfg = read_json(tok_file, optional=True)
   for f, cfg in configs + [(tok_file, tok_cfg)]:
     if not isinstance(cfg, dict):
       raise HFCheckpointError(f"{f}: not a JSON object")
@@ -543,7 +548,7 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", mesh: Op
   d = pathlib.Path(path)
   if not d.is_dir():
     raise HFCheckpointError(f"{d}: no such checkpoint directory")
-  hf = _read_json(d / "config.json")
+  hf = read_json(d / "config.json")
   cfg = hf_model_config(d / "config.json", dtype=dtype, max_seq_len=max_seq_len)
   policy = make_policy(cfg)
   files = _weight_files(d)

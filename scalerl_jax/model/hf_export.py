@@ -34,7 +34,7 @@ from safetensors.numpy import save_file
 
 from scalerl_jax.config import ModelConfig
 from scalerl_jax.errors import UserError
-from scalerl_jax.model.hf import FAMILIES, MOE_FAMILIES, _read_json, hf_model_config, hf_name_map
+from scalerl_jax.model.hf import FAMILIES, MOE_FAMILIES, hf_model_config, hf_name_map, read_json
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "f16": "float16"}
@@ -188,7 +188,7 @@ def export_pretrained(params: Any, model_cfg: ModelConfig, out_dir: str | os.Pat
     if not src.is_dir():
       raise HFExportError(f"{src}: no such source checkpoint directory")
     check_out_dir(out, {"the source checkpoint": src})
-    source = _read_json(src / "config.json")
+    source = read_json(src / "config.json")
     _check_source(model_cfg, source, src / "config.json")
   elif source_config is not None:
     source = dict(source_config)

@@ -107,7 +107,7 @@ class RLJob:
     self.cursor = DataCursor(make_prompt_stream(self.task, d, self.tokenizer, s.L, npr=npr,
                                                 process_index=shard[0], process_count=shard[1]), npr,
                              max_lag=AdmissionPolicy.from_config(cfg.pipeline.mode, cfg.pipeline.max_lag).k)
-    self.rewards = make_reward_runner(d, self.task.reward, sandbox=cfg.sandbox)
+    self.rewards = make_reward_runner(cfg.reward, self.task.verifiers, sandbox=cfg.sandbox)
     it = r.interruption
     self.engine = Engine(self.policy, r, self.generator_layout.mesh, rules=self.generator_layout.rules,
                          stop_ids=list(self.tokenizer.eos_ids), phrase_ids=self.tokenizer.encode(it.phrase),
@@ -184,8 +184,8 @@ class RLJob:
     """The jitted train step over `micro_batches` micro-batches of whole groups."""
     if micro_batches not in self._train_steps:
       cfg, r = self.cfg, self.cfg.rollout
-      loss_fn = make_rl_loss(self.policy, cfg.loss, r.temperature, self.prompt_layout, replay=r.routing_replay,
-                             micro_batches=micro_batches)
+      loss_fn = make_rl_loss(self.policy, cfg.loss, r.temperature, self.prompt_layout,
+                             replay=cfg.trainer.routing_replay, micro_batches=micro_batches)
       self._train_steps[micro_batches] = make_train_step(
           loss_fn, self.optimizer, micro_batches, self.state_sh, self.batch_sh, metrics_init=rl.empty_metrics,
           metrics_combine=rl.accumulate_metrics, micro_batch_block=self.shapes.G if self.prompt_layout else 1)
@@ -496,8 +496,9 @@ class RLJob:
   def run_sync(self) -> dict:
     """The synchronous reference loop (no threads): generate batch s with params v = s, train, repeat."""
     if self.topology.disaggregated:
-      raise distributed.DistributedError("--sync runs generation and training in turn on the same processes; with "
-                                         "mesh.generator_processes use pipeline.mode=sync (k = 0) instead")
+      raise distributed.DistributedError("--reference-loop runs generation and training in turn on the same "
+                                         "processes; with mesh.generator_processes use pipeline.mode=lockstep "
+                                         "(k = 0) instead")
     return self._run(lambda: run_synchronous(
         driver=self.driver, next_prompts=self.cursor.next_batch, score=self.score, weights=self.weights,
         samples=self.shapes.G, start=self.start_step, end=self.cfg.pipeline.steps, consume=self.consume,

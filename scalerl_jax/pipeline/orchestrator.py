@@ -23,7 +23,8 @@ contract: scalerl_jax/pipeline/weight_sync.py. Admission is this module's part:
   away. The trainer still checks it and fails loudly if it were ever violated.
   PPO-off-policy-k admits batch b only once v_gen >= floor(b / k) * k and publishes weights only every k steps:
   k batches are generated with frozen params, then k optimizer steps are taken.
-  k = 0 is the synchronous loop: batch b is generated entirely by params of version b.
+  k = 0 (pipeline.mode=lockstep forces it) generates batch b entirely by params of version b, as the reference
+  loop without threads (run_synchronous, launch/train.py --reference-loop) does.
 
 Failure: an exception in the generator thread (or the reward code it calls) stops the run; the trainer re-raises
 it with the generator's traceback. Waits poll a stop event, so nothing hangs. Ctrl-C sets a flag; the trainer
@@ -48,12 +49,12 @@ class PipelineError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class AdmissionPolicy:
-  mode: str  # pipeline | ppo_offpolicy | sync
+  mode: str  # pipeline | ppo_offpolicy | lockstep (k = 0)
   k: int
 
   @classmethod
   def from_config(cls, mode: str, max_lag: int) -> "AdmissionPolicy":
-    return cls(mode, 0 if mode == "sync" else max_lag)
+    return cls(mode, 0 if mode == "lockstep" else max_lag)
 
   def may_admit(self, batch: int, version: int) -> bool:
     if self.mode == "ppo_offpolicy":

@@ -1,7 +1,9 @@
 """Rewards: verifiers, the runner that makes any of them safe to call, and success / pass-rate metrics.
 
-  verifiers.py   exact match, math-verify, final-answer extraction; which built-in verifiers are pure (run inline),
-                 which run programs in the sandbox, and what a worker preloads
+  verifiers.py   exact match, countdown, math-verify, final-answer extraction; VERIFIERS / verifier: each task's
+                 verifier by the task's name; which built-in verifiers are pure (run inline), which run programs in
+                 the sandbox, and what a worker preloads
+  arith.py       safe integer-expression evaluation for the countdown verifier
   code.py        code_reward: the completion's program run against an item's tests (stdin/stdout pairs, asserts)
   sandbox.py     Sandbox: one untrusted program in bubblewrap with resource limits and a wall-clock kill; the causes
   runner.py      RewardRunner: failures scored with the failure reward, counted and reported (by cause too);
@@ -18,15 +20,17 @@ does not pull in jax through runner.py -> types.py.
 from scalerl_jax.rewards.code import code_reward
 from scalerl_jax.rewards.pass_rates import eval_metrics, mean_at_n, pass_at_k
 from scalerl_jax.rewards.sandbox import RunResult, Sandbox, SandboxUnavailable
-from scalerl_jax.rewards.verifiers import exact_match_reward, final_answer, math_verify_reward
+from scalerl_jax.rewards.verifiers import (VERIFIERS, countdown_reward, exact_match_reward, final_answer,
+                                           math_verify_reward, verifier)
 from scalerl_jax.rewards.worker import Scored
 
 _RUNNER_NAMES = ("RewardBatch", "RewardError", "RewardFn", "RewardRunner", "TaskRewards", "load_reward_fn",
                  "lowest_reward", "make_reward_runner")
 
 __all__ = ["RewardBatch", "RewardError", "RewardFn", "RewardRunner", "RunResult", "Sandbox", "SandboxUnavailable",
-           "Scored", "TaskRewards", "code_reward", "eval_metrics", "exact_match_reward", "final_answer",
-           "load_reward_fn", "lowest_reward", "make_reward_runner", "mean_at_n", "math_verify_reward", "pass_at_k"]
+           "Scored", "TaskRewards", "VERIFIERS", "code_reward", "countdown_reward", "eval_metrics",
+           "exact_match_reward", "final_answer", "load_reward_fn", "lowest_reward", "make_reward_runner", "mean_at_n",
+           "math_verify_reward", "pass_at_k", "verifier"]
 
 
 def __getattr__(name):

@@ -54,11 +54,11 @@ import re
 import secrets
 from typing import Optional
 
+from scalerl_jax.markers import EOS_CHAR
 from scalerl_jax.rewards.sandbox import Sandbox
 from scalerl_jax.rewards.worker import Scored
 
 CAUSES = ("ok", "wrong_answer", "exited_early", "no_program")  # besides the sandbox's (sandbox.CAUSES)
-EOS = "$"  # the character tokenizer's end of sequence (data/tokenizer.py EOS_CHAR; not imported: workers stay light)
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
 _PYTHON_TAGS = ("", "python", "py", "python3")
 _KEYS = ("starter", "program", "stdio", "asserts")
@@ -142,9 +142,9 @@ def extract_program(completion: str, marker: str, whole: bool = False) -> Option
   if blocks:
     program = blocks[-1]
   elif whole:
-    program = completion[:-len(EOS)] if completion.endswith(EOS) else completion
+    program = completion[:-len(EOS_CHAR)] if completion.endswith(EOS_CHAR) else completion
   else:
-    text = completion.split(EOS, 1)[0]
+    text = completion.split(EOS_CHAR, 1)[0]
     if not marker or marker not in text:
       return None
     program = text.rsplit(marker, 1)[1]

@@ -102,7 +102,7 @@ class VerifierPool:
   def __init__(self, ref: str, workers: int, timeout_s: float, preload: Sequence[str] = (),
                setup: Sequence[tuple[str, tuple]] = ()):
     if workers < 1:
-      raise ValueError(f"data.reward_workers must be >= 1, got {workers}")
+      raise ValueError(f"reward.workers must be >= 1, got {workers}")
     self.ref, self.workers, self.timeout_s, self.preload = ref, int(workers), float(timeout_s), tuple(preload)
     self.setup = tuple(setup)  # (function reference, args) each worker calls once at start (worker.init)
     self._lock = threading.Lock()

@@ -1,8 +1,8 @@
 """TaskRewards: one reward runner per task in one run (math and code mixed); each group is scored by its task's.
 
-make_reward_runner(cfg, {"math": ..., "code": ...}, sandbox=cfg.sandbox) builds one RewardRunner per task (each
-with its own isolation: a pure math verifier inline, the code reward in its own worker pool of
-data.reward_workers processes) and wraps them here. A TaskRewards has the RewardRunner methods a run uses
+make_reward_runner(cfg.reward, {"math": "addition", "code": "code"}, sandbox=cfg.sandbox) builds one RewardRunner
+per task (each with its own isolation: a pure math verifier inline, the code reward in its own worker pool of
+reward.workers processes) and wraps them here. A TaskRewards has the RewardRunner methods a run uses
 (start, close, context manager, score_groups, state, load_state, metrics); `score_groups` splits the groups by
 `group.prompt.task`, scores each task's share with its runner (one batch per task) and returns the groups in their
 order. A group whose task has no function stops the run (ConfigError naming the task and the known ones).

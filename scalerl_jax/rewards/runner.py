@@ -7,16 +7,16 @@ full score 1, or what a verifier returning a `Scored` says (the code reward: eve
 credit); a failed call never succeeds. A call that raises, returns something that is not a finite number, or runs
 past `timeout_s` is scored with `failure_reward` and counted.
 `failure_reward` is a value ON THE CONFIGURED SCALE, used as given and never rescaled (make_reward_runner's default,
-data.failure_reward=null, is the scale's lowest reward: 0 under 01, -1 under pm1, so a failed verification never
+reward.on_failure=null, is the scale's lowest reward: 0 under 01, -1 under pm1, so a failed verification never
 scores above a wrong answer).
 
 Where the function runs (`isolation`, chosen by make_reward_runner):
   "inline"   on the calling thread, with no time bound: only for the built-in verifiers that are pure and cannot
              hang (verifiers.PURE_VERIFIERS: exact match, countdown); the CPU default's speed depends on it.
-  "process"  in a VerifierPool (pool.py): `workers` processes (data.reward_workers) started lazily on the first
+  "process"  in a VerifierPool (pool.py): `workers` processes (reward.workers) started lazily on the first
              call, calls batched into chunks, a call past `timeout_s` killed together with its worker (which is
              replaced). The function travels by reference (its dotted path), never pickled with state. The time
-             bound of one batch is stated in pool.py. Used for a user's data.reward_fn and math-verify.
+             bound of one batch is stated in pool.py. Used for a user's reward.fn and math-verify.
 Call `close()` (or use the runner as a context manager) to stop the workers; a later call starts them again.
 
 Failures are reported, not only counted:
@@ -41,7 +41,7 @@ Metrics (`metrics()`; totals over the run, restored on resume, except the two la
   reward/score_s         wall seconds the latest batch took to score
   reward/queue           calls queued in the pool when the latest batch was scheduled (its own and other
                          threads'; 0 inline): a pool much smaller than its queue is the bottleneck
-A run with one verifier per task (make_reward_runner with a dict; routing.TaskRewards) reports the same keys
+A run with one verifier per task (make_reward_runner with tagged tasks; routing.TaskRewards) reports the same keys
 summed over tasks and, per task, reward/<task>/<key> (for example reward/code/cause/timeout_wall).
 """
 
@@ -63,7 +63,7 @@ from scalerl_jax.errors import UserError
 from scalerl_jax.rewards import worker
 from scalerl_jax.rewards.pool import VerifierPool
 from scalerl_jax.rewards.routing import TaskRewards
-from scalerl_jax.rewards.verifiers import PRELOAD, PURE_VERIFIERS, SANDBOXED_VERIFIERS, qualified_name
+from scalerl_jax.rewards.verifiers import PRELOAD, PURE_VERIFIERS, SANDBOXED_VERIFIERS, qualified_name, verifier
 
 RewardFn = Callable[[str, str], float]
 ISOLATIONS = ("process", "inline")
@@ -84,14 +84,14 @@ def load_reward_fn(dotted: str) -> RewardFn:
   if not sep:
     module_name, _, attr = dotted.rpartition(".")
   if not module_name or not attr:
-    raise ConfigError(f"data.reward_fn: {dotted!r} is not a dotted path like 'package.module.function'")
+    raise ConfigError(f"reward.fn: {dotted!r} is not a dotted path like 'package.module.function'")
   try:
     module = importlib.import_module(module_name)
   except ImportError as exc:
-    raise ConfigError(f"data.reward_fn: cannot import module {module_name!r} ({exc})") from None
+    raise ConfigError(f"reward.fn: cannot import module {module_name!r} ({exc})") from None
   fn = getattr(module, attr, None)
   if not callable(fn):
-    raise ConfigError(f"data.reward_fn: {module_name!r} has no function {attr!r}")
+    raise ConfigError(f"reward.fn: {module_name!r} has no function {attr!r}")
   return fn
 
 
@@ -104,7 +104,7 @@ def check_signature(fn: Callable, name: str) -> None:
   try:
     signature.bind("completion", "answer")
   except TypeError as exc:
-    raise ConfigError(f"data.reward_fn: {name}{signature} cannot be called as fn(completion: str, answer: str) "
+    raise ConfigError(f"reward.fn: {name}{signature} cannot be called as fn(completion: str, answer: str) "
                       f"({exc})") from None
 
 
@@ -118,7 +118,7 @@ def reference_of(fn: Callable) -> str:
   except Exception:
     found = None
   if found is not fn:
-    raise ConfigError(f"data.reward_fn: {fn!r} cannot run in a reward worker process: it must be a module-level "
+    raise ConfigError(f"reward.fn: {fn!r} cannot run in a reward worker process: it must be a module-level "
                       "function that its dotted path imports")
   return ref
 
@@ -148,7 +148,7 @@ class RewardRunner:
   isolation       "process" (default; bounded) or "inline" (pure verifiers only: no time bound)
   workers         worker processes under isolation="process"
   name            how messages name the function (default: its qualified name)
-  ref             how workers import it (default: derived from fn; make_reward_runner passes data.reward_fn)
+  ref             how workers import it (default: derived from fn; make_reward_runner passes reward.fn)
   sandbox         a SandboxConfig: fn runs programs in the sandbox (isolation "process" only); workers are
                   configured with it and start() checks that the sandbox works
   """
@@ -156,9 +156,9 @@ class RewardRunner:
   def __init__(self, fn: RewardFn, timeout_s: float = 5.0, failure_reward: float = 0.0, scale: str = "01", *,
                isolation: str = "process", workers: int = 2, name: str = "", ref: str = "", sandbox=None):
     if scale not in ("01", "pm1"):
-      raise ValueError(f"data.reward_scale must be 01 or pm1, got {scale!r}")
+      raise ValueError(f"reward.scale must be 01 or pm1, got {scale!r}")
     if timeout_s <= 0:
-      raise ValueError(f"data.reward_timeout_s must be positive, got {timeout_s}")
+      raise ValueError(f"reward.timeout_s must be positive, got {timeout_s}")
     if isolation not in ISOLATIONS:
       raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
     if sandbox is not None and isolation != "process":
@@ -328,21 +328,21 @@ class RewardRunner:
               **{f"reward/cause/{cause}": count for cause, count in sorted(self.causes.items())}}
 
 
-def make_reward_runner(cfg, task_reward: RewardFn | Mapping[str, RewardFn], *,
-                       sandbox=None) -> RewardRunner | TaskRewards:
-  """From a DataConfig and the task's verifier: one function (a RewardRunner), or a dict {task name: function}
-  (a TaskRewards: each group is scored by the function of its prompt's task). `data.reward_fn` (dotted path), if
-  set, replaces them all: one function for every task. Pure built-in verifiers run inline; anything else in
-  `data.reward_workers` worker processes (per task). A code verifier (the "code" task's function, or one named in
-  verifiers.SANDBOXED_VERIFIERS) runs programs in the sandbox: pass `sandbox` (the run's SandboxConfig,
-  cfg.sandbox); its workers are configured with it, and start() checks that the sandbox works."""
-  if cfg.reward_fn:
-    return _runner(cfg, load_reward_fn(cfg.reward_fn), "", sandbox, name=cfg.reward_fn, ref=cfg.reward_fn)
-  if isinstance(task_reward, Mapping):
-    if not task_reward:
-      raise ValueError("make_reward_runner: the dict of reward functions per task is empty")
-    return TaskRewards({task: _runner(cfg, fn, task, sandbox) for task, fn in task_reward.items()})
-  return _runner(cfg, task_reward, "", sandbox)
+def make_reward_runner(cfg, verifiers: Mapping[str, str], *, sandbox=None) -> RewardRunner | TaskRewards:
+  """From a RewardConfig and a task's `verifiers` ({a prompt's task: the name of its verifier}, each looked up by
+  verifiers.verifier): {"": name}, prompts that carry no task, gives one RewardRunner; tagged tasks a TaskRewards
+  (each group scored by the verifier of its prompt's task). `reward.fn` (dotted path), if set, replaces them all:
+  one function for every task. Pure built-in verifiers run inline; anything else in `reward.workers` worker
+  processes (per task). A code verifier (the "code" task's, or one named in verifiers.SANDBOXED_VERIFIERS) runs
+  programs in the sandbox: pass `sandbox` (the run's SandboxConfig, cfg.sandbox); its workers are configured with
+  it, and start() checks that the sandbox works."""
+  if cfg.fn:
+    return _runner(cfg, load_reward_fn(cfg.fn), "", sandbox, name=cfg.fn, ref=cfg.fn)
+  if not verifiers or ("" in verifiers and len(verifiers) > 1):
+    raise ValueError(f"make_reward_runner: verifiers must be {{'': name}} or {{task: name}} per task, got {verifiers}")
+  if "" in verifiers:
+    return _runner(cfg, verifier(verifiers[""]), "", sandbox)
+  return TaskRewards({task: _runner(cfg, verifier(name), task, sandbox) for task, name in verifiers.items()})
 
 
 def _runner(cfg, fn: RewardFn, task: str, sandbox, name: str = "", ref: str = "") -> RewardRunner:
@@ -351,11 +351,11 @@ def _runner(cfg, fn: RewardFn, task: str, sandbox, name: str = "", ref: str = ""
     raise ValueError(f"make_reward_runner: {name or qualified_name(fn) or repr(fn)} runs programs in the sandbox: "
                      "pass sandbox=cfg.sandbox")
   isolation = "inline" if qualified_name(fn) in PURE_VERIFIERS and not sandboxed else "process"
-  failure = cfg.failure_reward if cfg.failure_reward is not None else lowest_reward(cfg.reward_scale)
-  return RewardRunner(fn, cfg.reward_timeout_s, failure, cfg.reward_scale, isolation=isolation,
-                      workers=cfg.reward_workers, name=name, ref=ref, sandbox=sandbox if sandboxed else None)
+  failure = cfg.on_failure if cfg.on_failure is not None else lowest_reward(cfg.scale)
+  return RewardRunner(fn, cfg.timeout_s, failure, cfg.scale, isolation=isolation, workers=cfg.workers, name=name,
+                      ref=ref, sandbox=sandbox if sandboxed else None)
 
 
 def lowest_reward(scale: str) -> float:
-  """The lowest reward of a scale: what a failed verification scores unless data.failure_reward says otherwise."""
+  """The lowest reward of a scale: what a failed verification scores unless reward.on_failure says otherwise."""
   return 0.0 if scale == "01" else -1.0

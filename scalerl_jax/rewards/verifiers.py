@@ -1,41 +1,41 @@
 """Verifiers: `fn(completion: str, answer: str) -> float` in [0, 1], pure and side-effect free.
 
   exact_match_reward   the final answer (after the last end-of-thinking marker, before EOS) equals the reference
+  countdown_reward     the final answer is an expression (arith.py) of the given numbers that reaches the target
   math_verify_reward   math-verify equivalence of the final (boxed / "####" / last) answer
   boxed_answer_reward  1 for the right answer boxed, 0.5 unboxed (math-verify), 0 for a wrong one
   final_answer         the text a verifier compares
+  verifier             the verifier of a task, by its name (VERIFIERS): the one lookup a run's rewards use
 
-Any such function can be named in `data.reward_fn`; `RewardRunner` (runner.py) bounds its time and failures.
-How the runner runs the built-in ones is decided by name, below (tasks.py's `reward` staticmethods wrap them).
+Any such function can be named in `reward.fn`; `RewardRunner` (runner.py) bounds its time and failures.
+How the runner runs the built-in ones is decided by name, below.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import re
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
-from scalerl_jax.data.tokenizer import END_MARKER, EOS_CHAR
+from scalerl_jax.markers import END_MARKER, EOS_CHAR
+from scalerl_jax.rewards import arith
+from scalerl_jax.rewards.code import code_reward
 
 
 # Pure and cannot hang (string comparison, a bounded integer-expression parser): scored inline on the caller's
-# thread, no worker pool. Everything else (a user's data.reward_fn, math-verify) runs in worker processes.
+# thread, no worker pool. Everything else (a user's reward.fn, math-verify) runs in worker processes.
 PURE_VERIFIERS = frozenset({
     "scalerl_jax.rewards.verifiers.exact_match_reward",
-    "scalerl_jax.data.tasks.AdditionTask.reward",
-    "scalerl_jax.data.tasks.CountdownTask.reward",
+    "scalerl_jax.rewards.verifiers.countdown_reward",
 })
 # Run the model's programs: always in worker processes, each run inside the sandbox (code.py, sandbox.py); the
 # runner configures their workers with the run's SandboxConfig and checks the sandbox before the first step.
-SANDBOXED_VERIFIERS = frozenset({
-    "scalerl_jax.rewards.code.code_reward",
-    "scalerl_jax.data.tasks.code_reward",  # the built-in code task's verifier (it calls the one above)
-})
+SANDBOXED_VERIFIERS = frozenset({"scalerl_jax.rewards.code.code_reward"})
 # Modules a reward worker imports when it starts, so the first call after a worker was replaced is not slow.
 PRELOAD = {
     "scalerl_jax.rewards.verifiers.math_verify_reward": ("math_verify",),
-    "scalerl_jax.data.tasks.FileTask.reward": ("math_verify",),
     "scalerl_jax.rewards.verifiers.boxed_answer_reward": ("math_verify",),
 }
 
@@ -57,6 +57,22 @@ def final_answer(completion: str, end_marker: str = END_MARKER, eos: str = EOS_C
 def exact_match_reward(completion: str, answer: str) -> float:
   """1 if the final answer (after the last '|', before '$') equals `answer` character for character."""
   return float(final_answer(completion) == answer)
+
+
+def countdown_reward(completion: str, answer: str) -> float:
+  """1 if the final answer is an expression (arith.py) that uses each number of `answer` ("3,5,7>22": the numbers,
+  then the target) at most once and equals the target."""
+  nums_text, _, target = answer.partition(">")
+  expression = final_answer(completion)
+  if not expression:
+    return 0.0
+  try:
+    value, literals = arith.evaluate(expression)
+  except ValueError:
+    return 0.0
+  allowed = collections.Counter(int(x) for x in nums_text.split(","))
+  used = collections.Counter(literals)
+  return float(value == int(target) and all(used[n] <= allowed[n] for n in used))
 
 
 class _DropTimeoutWarning(logging.Filter):
@@ -143,3 +159,22 @@ def boxed_answer_reward(completion: str, answer: str):
   if boxed is None:
     return Scored(UNBOXED_REWARD if correct else 0.0, "correct_unboxed" if correct else "wrong", success=False)
   return Scored(1.0, "correct", success=True) if correct else Scored(0.0, "boxed_wrong", success=False)
+
+
+# Each task's verifier by the task's name: the built-in data.task names, and "math" for free-form math answers (a
+# data file's math rows). A task names the verifier of each of its prompts' tasks (data/tasks.py, `verifiers`:
+# the math rows of data.task=mixed are addition problems, scored by "addition"); `verifier` is the one lookup.
+VERIFIERS: dict[str, Callable] = {
+    "addition": exact_match_reward,
+    "countdown": countdown_reward,
+    "code": code_reward,
+    "word_problems": boxed_answer_reward,
+    "math": math_verify_reward,
+}
+
+
+def verifier(name: str) -> Callable:
+  """The verifier registered under task name `name` (VERIFIERS); ValueError naming the known ones otherwise."""
+  if name not in VERIFIERS:
+    raise ValueError(f"no verifier for task {name!r}; the known ones: {', '.join(VERIFIERS)}")
+  return VERIFIERS[name]

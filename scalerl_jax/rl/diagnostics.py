@@ -21,7 +21,6 @@ whatever the aggregation.
   logp_gap         mean (log pi_theta - log pi_gen)                       trainer-vs-sampler gap (signed)
   logp_abs_gap     mean |log pi_theta - log pi_gen|
   mismatch_kl      mean (rho - 1 - log rho)                               k3 estimate of KL(pi_gen || pi_theta)
-  kl               mean per-token KL penalty estimate (0 when off)
   tokens, samples  counts of loss tokens / samples with weight > 0
 clip_count is the number of loss tokens, or of loss samples for gspo (its clip is per sequence). A mean with a
 zero count is NaN (e.g. a step where every group was filtered). Whole-batch statistics (zero-variance fraction,
@@ -36,16 +35,16 @@ import numpy as np
 
 METRIC_KEYS = ("loss_sum", "tokens", "samples", "clip_count", "clip_upper_sum", "clip_lower_sum", "dual_clip_sum",
                "ratio_sum", "ratio_sq_sum", "ratio_min", "ratio_max", "neg_logp_sum", "logp_gap_sum",
-               "logp_abs_gap_sum", "mismatch_kl_sum", "kl_sum")
+               "logp_abs_gap_sum", "mismatch_kl_sum")
 
 
 def loss_metrics(*, loss, logp_BT, gen_logp_BT, log_ratio_BT, live_BT, live_B, clip_upper, clip_lower=None,
-                 clip_live=None, dual_clip=None, kl_BT=None):
+                 clip_live=None, dual_clip=None):
   """The metric sums of one micro-batch (keys `METRIC_KEYS`), all float32 scalars without gradient.
 
-  `clip_live` (default `live_BT`) says where the clip indicators are counted; `clip_lower`, `dual_clip` and
-  `kl_BT` default to "none" and are reported as exact zeros without a pass over the batch (on CPU every
-  full-size reduction is a pass over memory, and these sums cost more than the loss itself).
+  `clip_live` (default `live_BT`) says where the clip indicators are counted; `clip_lower` and `dual_clip` default
+  to "none" and are reported as exact zeros without a pass over the batch (on CPU every full-size reduction is a
+  pass over memory, and these sums cost more than the loss itself).
   """
   sg = jax.lax.stop_gradient
   zero = jnp.float32(0.0)
@@ -77,7 +76,6 @@ def loss_metrics(*, loss, logp_BT, gen_logp_BT, log_ratio_BT, live_BT, live_B, c
       "logp_gap_sum": total(gap_BT),
       "logp_abs_gap_sum": total(jnp.abs(gap_BT)),
       "mismatch_kl_sum": total(rho_BT - 1.0 - lr_BT),
-      "kl_sum": zero if kl_BT is None else total(sg(kl_BT)),
   }
 
 
@@ -120,7 +118,6 @@ def finalize_metrics(summed) -> dict:
       "logp_gap": div(s["logp_gap_sum"], tokens),
       "logp_abs_gap": div(s["logp_abs_gap_sum"], tokens),
       "mismatch_kl": div(s["mismatch_kl_sum"], tokens),
-      "kl": div(s["kl_sum"], tokens),
       "tokens": tokens,
       "samples": s["samples"],
   }

@@ -12,7 +12,8 @@ staleness and sampler/trainer kernel mismatch (paper §4). A = advantages[b] (on
   gspo        sequence clip   -min(s A, clip(s, 1-e_lo, 1+e_hi) A),                 gspo_eps_low, gspo_eps_high
                               s_b = exp(mean_t (log pi_theta - log pi_gen))
   clipped family, optional dual clip (loss.dual_clip = c > 1): for A < 0 the objective is max(min(...), c A).
-  every loss, optional KL to reference log-probs (loss.kl_coef > 0, loss.kl_estimator k1 | k3); off by default.
+No loss has a KL term to a reference policy (as in ScaleRL and DAPO): there is no reference model yet, and with it
+the KL keys went from the config.
 
 The loss name picks the surrogate only; advantages (loss.adv_norm), aggregation (loss.aggregation) and filters are
 separate keys. So grpo and ppo are the same surrogate; GRPO the recipe is
@@ -30,7 +31,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from scalerl_jax.config import KLEstimator, LossConfig
+from scalerl_jax.config import LossConfig
 from scalerl_jax.rl import diagnostics as metrics_lib
 from scalerl_jax.types import TrainBatch
 
@@ -66,7 +67,7 @@ def clipped_surrogate_loss(log_ratio_BT, adv_B1, eps_low: float, eps_high: float
   (its gradient is zero: the tokens CISPO keeps), "dual-clipped" when A < 0 and rho > c. PPO (Schulman 2017) and
   GRPO (DeepSeekMath) use eps_low = eps_high = 0.2; DAPO's clip-higher uses 0.2 / 0.28; dual clip is Ye et al.
   2020. Departs from PPO/GRPO in the denominator of rho: the generator's recorded log-probs, not pi_theta_old
-  recomputed by the trainer, and from GRPO in having no KL term unless loss.kl_coef > 0.
+  recomputed by the trainer, and from GRPO in having no KL term.
   """
   rho_BT = jnp.exp(log_ratio_BT)
   clipped_BT = jnp.clip(rho_BT, 1.0 - eps_low, 1.0 + eps_high)
@@ -104,26 +105,11 @@ def gspo_sequence_loss(log_ratio_BT, mask_BT, adv_B, eps_low: float, eps_high: f
   return -obj_B, s_B, upper_B, lower_B
 
 
-def kl_penalty(logp_BT, ref_logp_BT, estimator: KLEstimator, clamp: float):
-  """Per-token KL(pi_theta || pi_ref) estimate on the sampled tokens (Schulman's k1 / k3).
-
-      k1 = log pi_theta - log pi_ref;   k3 = exp(d) - d - 1 with d = clamp(log pi_ref - log pi_theta, -c, c)
-
-  k3 is GRPO's (DeepSeekMath Eq. 4) unbiased, non-negative estimator. Departs from GRPO: off by default
-  (loss.kl_coef = 0, as in ScaleRL and DAPO), and the tokens are sampled from pi_gen, not pi_theta, without
-  importance correction of the KL term.
-  """
-  if estimator == "k1":
-    return logp_BT - ref_logp_BT
-  d_BT = jnp.clip(ref_logp_BT - logp_BT, -clamp, clamp)
-  return jnp.exp(d_BT) - d_BT - 1.0
-
-
 def policy_loss(logp_BT, batch: TrainBatch, cfg: LossConfig):
   """The loss of one (micro-)batch and its metric sums: `loss, metrics = policy_loss(logp_BT, batch, cfg)`.
 
-      token losses:  loss = sum_{b,t} token_weights[b,t] * l[b,t]   (+ kl_coef * sum token_weights * kl)
-      gspo:          loss = sum_b sample_weights[b] * l_b           (+ the same KL term)
+      token losses:  loss = sum_{b,t} token_weights[b,t] * l[b,t]
+      gspo:          loss = sum_b sample_weights[b] * l_b
 
   `logp_BT` are the trainer's log-probs of `batch.tokens` (aligned as in `scalerl_jax.types`). The weights from
   `prepare` are normalised by whole-step counts, so for any split of the rows into micro-batches the losses add
@@ -141,7 +127,7 @@ def policy_loss(logp_BT, batch: TrainBatch, cfg: LossConfig):
   live_BT = token_w_BT > 0
   live_B = sample_w_B > 0
 
-  clip_live = dual = kl_BT = None  # metrics defaults: clips counted over loss tokens, no dual clip, no KL
+  clip_live = dual = None  # metrics defaults: clips counted over loss tokens, no dual clip
   if cfg.name in ("cispo", "reinforce"):
     l_BT, upper = truncated_is_loss(logp_BT, lr_BT, adv_B[:, None], cfg.eps_max)
     lower = None  # no lower bound on the weight
@@ -157,14 +143,7 @@ def policy_loss(logp_BT, batch: TrainBatch, cfg: LossConfig):
     dual = None if cfg.dual_clip is None else dual
     loss = jnp.sum(token_w_BT * l_BT)
 
-  if cfg.kl_coef > 0:
-    if batch.ref_logprobs is None:
-      raise ValueError("loss.kl_coef > 0 needs TrainBatch.ref_logprobs (reference log-probs)")
-    ref_BT = jnp.where(mask_BT, jnp.asarray(batch.ref_logprobs, jnp.float32), 0.0)
-    kl_BT = kl_penalty(logp_BT, ref_BT, cfg.kl_estimator, cfg.log_ratio_clamp)
-    loss = loss + cfg.kl_coef * jnp.sum(token_w_BT * kl_BT)
-
   metrics = metrics_lib.loss_metrics(
       loss=loss, logp_BT=logp_BT, gen_logp_BT=gen_BT, log_ratio_BT=lr_BT, live_BT=live_BT, live_B=live_B,
-      clip_upper=upper, clip_lower=lower, clip_live=clip_live, dual_clip=dual, kl_BT=kl_BT)
+      clip_upper=upper, clip_lower=lower, clip_live=clip_live, dual_clip=dual)
   return loss, metrics

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from scalerl_jax.config import PATH_KEYS, RunConfig
+from scalerl_jax.config import MOVED, PATH_KEYS, RunConfig
 from scalerl_jax.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -55,10 +55,10 @@ except ImportError:
 # and the shared-prompt loss compute the same loss and gradient (the loss is normalised by global counts and
 # summed over micro-batches; tests/test_train_step.py checks micro-batched == full batch), so a resume may trade
 # memory for time; max_skipped_steps is a stop rule.
-_FINGERPRINT_GROUPS = ("model", "data", "loss", "optimizer")
+_FINGERPRINT_GROUPS = ("model", "data", "reward", "loss", "optimizer")
 # Keys inside those groups that may change: NPR (a run whose NPR removed every prompt must be able to continue
 # with NPR off) and the number of reward worker processes (parallelism only).
-_MAY_CHANGE = ("data.npr.", "data.reward_workers")
+_MAY_CHANGE = ("data.npr.", "reward.workers")
 TMP_MARKER = ".orbax-checkpoint-tmp"  # orbax's suffix of a directory being written (before the commit rename)
 DAMAGED_SUFFIX = ".damaged"
 DIGEST_KEY = "state_digest"
@@ -117,6 +117,7 @@ def fingerprint_changes(saved: dict, cfg: RunConfig) -> list[str]:
     changes += [f"optimizer.{k}: {_text(v)} -> {_text(now['optimizer'][k])}"
                 for k, v in saved.get("optimizer", {}).items() if now["optimizer"].get(k) != v]
     return changes
+  saved = {MOVED.get(k, k): v for k, v in saved.items()}  # a checkpoint from before a key moved: its new name
   now, defaults = config_fingerprint(cfg), config_fingerprint(RunConfig())
   changes = []
   for key, value in now.items():

@@ -3,7 +3,7 @@ fed to the configured policy loss from `scalerl_jax.rl`. Everything that is a fu
 pure objective of arrays lives in `rl/`. A KL reference joins this file.
 
 MoE policies (model.family=moe): the trainer's forward gets the generator's recorded experts (`TrainBatch.routes`,
-replayed when rollout.routing_replay is on), and the router losses are added here, not inside the model:
+replayed when trainer.routing_replay is on), and the router losses are added here, not inside the model:
 
     loss = policy loss + (router_aux_coef * mean_l aux_l + router_z_coef * mean_l z_l) / micro_batches
 
@@ -45,13 +45,12 @@ def completion_view(batch: types.TrainBatch, cols_BN) -> types.TrainBatch:
   """The batch's per-token arrays read at columns `cols_BN` (each row's completion), loss off past the row."""
   T = batch.tokens.shape[1]
   inside_BN = cols_BN < T
-  take = lambda x_BT: None if x_BT is None else jnp.take_along_axis(jnp.asarray(x_BT), jnp.minimum(cols_BN, T - 1),
-                                                                    axis=1)
+  take = lambda x_BT: jnp.take_along_axis(jnp.asarray(x_BT), jnp.minimum(cols_BN, T - 1), axis=1)
   off = lambda x_BN: jnp.where(inside_BN, x_BN, 0)
   return types.TrainBatch(tokens=take(batch.tokens), loss_mask=off(take(batch.loss_mask)),
                           gen_logprobs=take(batch.gen_logprobs), advantages=batch.advantages,
-                          token_weights=off(take(batch.token_weights)), sample_weights=batch.sample_weights,
-                          ref_logprobs=take(batch.ref_logprobs))  # routes: the forward reads them, the loss not
+                          token_weights=off(take(batch.token_weights)),
+                          sample_weights=batch.sample_weights)  # routes: the forward reads them, the loss not
 
 
 def make_rl_loss(policy: Policy, cfg: LossConfig, temperature: float, layout: Optional[PromptLayout] = None,
