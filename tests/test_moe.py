@@ -18,7 +18,7 @@ from scalerl_jax.mesh import Layout
 from scalerl_jax.model import Routing, make_policy, token_logprobs, token_logprobs_routed
 from scalerl_jax.model.moe import MoE, RouterStats, load_balance_loss, z_loss
 from scalerl_jax.pipeline.batching import pack_groups
-from scalerl_jax.pipeline.job import RLJob
+from scalerl_jax.run.job import RLJob
 from scalerl_jax.rollout.driver import RolloutDriver
 from scalerl_jax.rollout.engine import Engine
 from scalerl_jax.rollout.sampling import SamplingParams

@@ -103,7 +103,7 @@ def test_colocated_run_equals_one_process_and_resumes(tmp_path):
   assert [r["pipeline/version"] for r in two[1:]] == [1, 2, 3, 4]  # versions advance (line 0: the step-0 eval)
   assert [r["train/loss"] for r in other[1:]] == [r["train/loss"] for r in two[1:]]  # both computed the same
 
-  from scalerl_jax.pipeline.job import RLJob  # the same run in this process, on its 8 devices
+  from scalerl_jax.run.job import RLJob  # the same run in this process, on its 8 devices
 
   RLJob(tiny_config(tmp_path / "one", *overrides), progress=False).run()
   one = _metrics(tmp_path / "one" / "metrics.jsonl")

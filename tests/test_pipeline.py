@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from scalerl_jax.pipeline.job import RLJob
+from scalerl_jax.run.job import RLJob
 from scalerl_jax.pipeline.orchestrator import PipelineError
 from tests.pipeline_helpers import tiny_config
 
@@ -38,7 +38,7 @@ def k0_runs(tmp_path_factory):
 def test_k0_pipeline_equals_synchronous_loop_bitwise(k0_runs):
   piped, sync = k0_runs
   # two different code paths: a generator thread fed through the weight box vs. a plain loop on this thread
-  assert piped._generator is not None and piped._generator.stats.busy_s > 0 and sync._generator is None
+  assert piped.generator is not None and piped.generator.stats.busy_s > 0 and sync.generator is None
   assert len(piped.trainer_layout.devices) == 4 and set(piped.trainer_layout.devices).isdisjoint(
       piped.generator_layout.devices)
   assert _prompts(piped) == _prompts(sync)
@@ -78,8 +78,8 @@ def test_staleness_bound_holds(tmp_path, mode, k):
     s = batch.index
     last = min(s + k, steps - 1) if mode == "pipeline" else min((s // k + 1) * k - 1, steps - 1)
     deadline = time.monotonic() + 120
-    while not all(b == s or job._generator.out.ready(b) for b in range(s, last + 1)):
-      assert job._generator.is_alive() and time.monotonic() < deadline, "generator stopped short of the bound"
+    while not all(b == s or job.generator.out.ready(b) for b in range(s, last + 1)):
+      assert job.generator.is_alive() and time.monotonic() < deadline, "generator stopped short of the bound"
       time.sleep(0.005)
     return consume(batch, wait_s)
 
