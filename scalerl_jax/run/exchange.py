@@ -1,10 +1,9 @@
 """The one seam that knows the process topology: what a trainer process exchanges with the others in a step.
 
     Local          one process: trains and generates (a generator thread, or the synchronous loop)
-    Colocated      several processes, each trains and generates its shard of the prompts; the trainer mesh spans
-                   them all (mesh.generator_processes=0)
-    Disaggregated  the trainer processes' side of mesh.generator_processes=n > 0: batches arrive as BatchMsg from
-                   the generator processes, NPR records and weights go back (diagram: run/generator.py)
+    Colocated      several processes, each trains and generates its shard; the trainer mesh spans them all
+    Disaggregated  a trainer process of mesh.generator_processes=n > 0: BatchMsg in, ControlMsg and weights out
+                   to the generator processes (diagram: run/generator.py)
     GeneratorEnd   a disaggregated generator process: it runs run/generator.py's loop, not the job's
 
 Per step every trainer process makes these calls, each a collective among the trainer processes (or a message
@@ -20,8 +19,8 @@ exchange with the generators), in this order:
   4. evaluate    the evaluator's allgather of its shares (when an evaluation is due; several trainers only)
   5. checkpoint  gather_json of the data and reward states, then orbax's save (when a checkpoint is due)
   6. vote_stop   whether a signal reached any trainer process
-Every process must make the same calls in the same order: wrapping any one in `if is_main` (or skipping it on one
-process) leaves the others waiting in it, and the pod deadlocks. tests/test_exchange.py checks the order.
+Every process makes the same calls in the same order: wrapping one in `if is_main`, or skipping it on one process,
+leaves the others waiting in it and deadlocks the pod (tests/test_exchange.py checks the order).
 """
 
 from __future__ import annotations
@@ -61,7 +60,6 @@ class Local:
     self.votes = len(self.trainers) > 1  # a stop is decided by all trainers together, at a step's end
     self.sync: Optional[WeightSync] = None
 
-  # ---- set-up ----
   def restore(self, meta: types.RunMeta, cursor, rewards) -> None:
     """This process's prompt stream, NPR and reward totals from a checkpoint's metadata."""
     self._check_readers(meta)
@@ -94,10 +92,7 @@ class Local:
     if publishes:
       faults.point("weight_sync")
       self.sync.publish(params, version)
-    return (self.sync.last_seconds if publishes else 0.0), self._publish_metrics(params, publishes, checksum)
-
-  def _publish_metrics(self, params: Any, publishes: bool, checksum: bool) -> dict:
-    return {}
+    return (self.sync.last_seconds if publishes else 0.0), {}
 
   def evaluate(self, evaluator, params: Any, version: int) -> dict:
     """The held-out evaluation of `params`: each trainer process scores its share, then `eval_gather`."""
@@ -116,7 +111,11 @@ class Local:
     """Whether any trainer process wants to stop (each decides the same)."""
     return any(distributed.allgather(stop, self.trainers)) if self.votes else stop
 
-  # ---- loops ----
+  def stop_before_step(self, stop: bool) -> bool:
+    """The loop's check before each step (no collective): one trainer process stops at once; several at the end of
+    a step (`vote_stop`), so that a signal reaching some of them stops all at one step."""
+    return stop and not self.votes
+
   def rollout_copy(self, params: Any, shardings: Any) -> Any:
     """A copy of the trainer's params in the rollout layout (to evaluate params that were not published)."""
     return to_rollout_layout(params, shardings)
@@ -156,11 +155,12 @@ class Colocated(Local):
     return Gathered(types.ScoredBatch(batch.index, tuple(g for groups, _, _ in parts for g in groups)),
                     [r for _, r, _ in parts], step_metrics.merge_counters([d for _, _, d in parts]))
 
-  def _publish_metrics(self, params, publishes, checksum) -> dict:
-    out = {"pipeline/weight_sync_bytes": self.sync.last_bytes if publishes else 0}
+  def publish(self, params, version, publishes, checksum):
+    sync_s, out = super().publish(params, version, publishes, checksum)
+    out["pipeline/weight_sync_bytes"] = self.sync.last_bytes if publishes else 0
     if checksum:  # a reduction over the sharded params: a collective too
       out["pipeline/weight_checksum"] = params_checksum(params)
-    return out
+    return sync_s, out
 
   def checkpoint_states(self, data_state, rewards):
     return distributed.gather_json(data_state), distributed.gather_json(rewards.state())
@@ -192,7 +192,7 @@ class Disaggregated(Colocated):
                            send_to=self.topology.generators if self.is_main else ())
 
   def gather(self, batch, rewards, cursor) -> Gathered:
-    parts = self._last
+    parts = self._last  # received in `loop`, before the step
     data = {**step_metrics.merge_counters([m.data_metrics for m in parts]),
             "pipeline/weight_recv_s": parts[0].weight_recv_s}
     return Gathered(batch, [rewards.metrics()] + [m.reward_metrics for m in parts], data,
@@ -221,10 +221,9 @@ class Disaggregated(Colocated):
     generators = self.topology.generators
     if self.lead:  # the initial weights went out with start_weights
       for i, g in enumerate(generators):
-        reward = self.reward_states[i] if self.reward_states and self.reward_states[i] else None
         self.channel.send_obj(g, "start", types.StartMsg(
-            job.start_step, job.parts.cursor.npr.state_dict(),
-            self.data_states[i] if self.data_states else None, reward))
+            job.start_step, job.parts.cursor.npr.state_dict(), self.data_states[i] if self.data_states else None,
+            (self.reward_states[i] or None) if self.reward_states else None))
     try:
       for step in range(job.start_step, job.cfg.pipeline.steps):
         t0 = time.perf_counter()

@@ -1,6 +1,7 @@
-"""The RL job: a run's lifecycle around the parts run/build.py makes (signals, the run lock, stop on error,
-evaluation and checkpoint cadence). The pipeline and its admission rule: pipeline/orchestrator.py; weight sync and
-its ordering contract: pipeline/weight_sync.py; what crosses processes, in which order: run/exchange.py.
+"""The RL job: set-up on the parts run/build.py makes, then the step's cadence (train, publish, log, evaluate and
+checkpoint on schedule); how a run starts and ends: run/lifecycle.py. The pipeline and its admission rule:
+pipeline/orchestrator.py; weight sync and its ordering contract: pipeline/weight_sync.py; what crosses processes, in
+which order: run/exchange.py.
 
     RLJob(cfg).run()       PipelineRL-k / PPO-off-policy-k with a generator thread (the product)
     RLJob(cfg).run_sync()  the synchronous reference loop: generate a batch, train on it, repeat (no threads)
@@ -156,9 +157,8 @@ class RLJob(Lifecycle):
       raise Stopped(f"during the evaluation at step {self.version}")
 
   def interrupted(self) -> bool:
-    """The loop's check before each step. Several trainer processes decide together, at the end of each step
-    (`consume`), so that a signal reaching some of them stops all at the same step."""
-    return self.interrupts.is_set() if not self.exchange.votes else False
+    """The loop's check before each step (run/exchange.py `stop_before_step`)."""
+    return self.exchange.stop_before_step(self.interrupts.is_set())
 
   def _flush(self, evaluate: bool = False) -> None:
     self.log.flush(self.generator_stats, evaluate)
