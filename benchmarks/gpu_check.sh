@@ -137,7 +137,7 @@ EOF
     "$PY" -m pip install --no-index --no-deps --quiet --target "$OUT/site" $MISSING || exit 1
   fi
   "$PY" -c 'import jax; print("jax", jax.__version__, jax.devices())'
-  "$PY" -c 'import scalerl_jax.pipeline.job, scalerl_jax.rollout.engine' || {
+  "$PY" -c 'import scalerl_jax.run.job, scalerl_jax.rollout.engine' || {
     echo "gpu_check.sh: the project does not import; a dependency is missing from $WHEELS" >&2; exit 1; }
 fi
 

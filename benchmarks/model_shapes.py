@@ -7,7 +7,7 @@ For each config: the policy's param tree is built with `nnx.eval_shape` (`make_p
 of ShapeDtypeStructs), its total size and its active size (each MoE layer's routed experts counted k / E: the
 parameters one token uses) are summed from the tree, and checked against the analytic `param_count`; FLOPs per
 token are `flops_per_token(cfg, context)` forward and forward + backward (3x), the numbers the run's compute
-meter books (scalerl_jax/pipeline/job.py passes context = (rollout.max_prefill_len + rollout.max_new_tokens) // 2,
+meter books (scalerl_jax/run/build.py's Parts.flops_per_token passes context = (rollout.max_prefill_len + rollout.max_new_tokens) // 2,
 the default here).
 """
 

@@ -449,14 +449,14 @@ class _Probe:
 
     def consume_hook(batch, wait_s=0.0):
       nonlocal publish
-      if publish is None:  # job.sync exists once the run has set up
-        publish, job.sync.publish = job.sync.publish, publish_hook
+      if publish is None:  # the exchange's weight sync exists once the run has set up
+        publish, job.exchange.sync.publish = job.exchange.sync.publish, publish_hook
       cur.pop("published_at", None)
       t = time.perf_counter()
       out = consume(batch, wait_s)
       end = time.perf_counter()
-      g = job._generator.stats
-      sync = job.sync.last_seconds if job.admission.publishes(job.version) else 0.0
+      g = job.generator.stats
+      sync = job.exchange.sync.last_seconds if job.admission.publishes(job.version) else 0.0
       self.steps.append({"step": batch.index, "wait_s": wait_s, "consume_s": end - t, "sync_s": sync, "t0": t,
                          "t1": end,
                          "post_s": end - cur["published_at"] if "published_at" in cur else None,
@@ -494,7 +494,7 @@ def _fit_gen(calls, scores, steps, skip: int) -> GenCost:
 def real_run(mode: str, k: int, steps: int, skip: int, root: pathlib.Path) -> dict:
   import shutil
   from scalerl_jax.config import load_config
-  from scalerl_jax.pipeline.job import RLJob
+  from scalerl_jax.run.job import RLJob
   run_dir = root / f"{mode}_k{k}"
   shutil.rmtree(run_dir, ignore_errors=True)
   cfg = load_config(overrides=[f"run_dir={run_dir}", *CHECK_OVERRIDES, f"pipeline.mode={mode}",
@@ -507,14 +507,14 @@ def real_run(mode: str, k: int, steps: int, skip: int, root: pathlib.Path) -> di
   wall = time.perf_counter() - t0
   rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
   rows = [r for r in rows if "train/tokens_per_s" in r]
-  st, gen_end = probe.steps, job._generator.stats
+  st, gen_end = probe.steps, job.generator.stats
   win = st[skip:-1]  # the trainer's window; the last step evaluates the held-out set inside its consume
   start = st[skip - 1] if skip else {"gen_idle_s": 0.0, "gen_busy_s": 0.0}
   idle, busy = gen_end.idle_s - start["gen_idle_s"], gen_end.busy_s - start["gen_busy_s"]
   wait = sum(s["wait_s"] for s in win)
   consume = sum(s["consume_s"] for s in win)
   # trained tokens per step from the logged trainer FLOPs (analytic, per token) and the jitted step's own time
-  flops = np.diff([0.0] + [r["compute/trainer_flops"] for r in rows]) / job._flops_per_token(True)
+  flops = np.diff([0.0] + [r["compute/trainer_flops"] for r in rows]) / job.parts.flops_per_token(True)
   tokens = flops[skip:-1]
   train_s = tokens / np.array([r["train/tokens_per_s"] for r in rows[skip:-1]])
   gen = _fit_gen(probe.calls, probe.scores, probe.steps, skip)

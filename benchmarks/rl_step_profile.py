@@ -42,8 +42,9 @@ import numpy as np  # noqa: E402
 
 from benchmarks.record import save_result  # noqa: E402
 from scalerl_jax.config import load_config  # noqa: E402
-from scalerl_jax.pipeline import job as job_lib, step_metrics, weight_sync  # noqa: E402
+from scalerl_jax.pipeline import step_metrics, weight_sync  # noqa: E402
 from scalerl_jax.rollout import driver as driver_lib, engine as engine_lib  # noqa: E402
+from scalerl_jax.run import job as job_lib, trainer as trainer_lib  # noqa: E402
 
 STAGES = ("admission", "prefill", "decode", "collect", "reward", "batch", "train", "weight_copy", "metrics", "eval",
           "checkpoint")
@@ -101,19 +102,19 @@ def wrap(owner, name: str, clock: StageClock, stage: str, block: bool = False) -
 @contextlib.contextmanager
 def instrumented(clock: StageClock):
   """Every stage of the job timed into `clock` while inside (class and module functions patched, then restored)."""
-  E, D, J = engine_lib.Engine, driver_lib.RolloutDriver, job_lib.RLJob
+  E, D, J, T = engine_lib.Engine, driver_lib.RolloutDriver, job_lib.RLJob, trainer_lib.Trainer
   undo = [wrap(D, "_refill", clock, "admission"),  # its prefill call is timed inside it, as prefill
           wrap(E, "prefill_insert", clock, "prefill", block=True),
           wrap(E, "generate", clock, "decode", block=True),
           wrap(D, "_collect", clock, "collect"),
           wrap(J, "score", clock, "reward"),
-          *(wrap(job_lib, name, clock, "batch") for name in ("pack_groups", "build_train_batch", "compact_groups")),
+          *(wrap(trainer_lib, name, clock, "batch") for name in ("pack_groups", "build_train_batch", "compact_groups")),
           wrap(weight_sync.WeightSync, "publish", clock, "weight_copy", block=True),
           wrap(step_metrics.StepLog, "hold", clock, "metrics"),
-          wrap(J, "_flush", clock, "metrics"),
+          wrap(step_metrics.StepLog, "flush", clock, "metrics"),
           wrap(J, "evaluate", clock, "eval"),
           wrap(J, "checkpoint", clock, "checkpoint")]
-  step_for, consume = J._step_for, J.consume
+  step_for, consume = T.step_for, J.consume
 
   def timed_step_for(self, groups):
     fn = step_for(self, groups)
@@ -129,11 +130,11 @@ def instrumented(clock: StageClock):
     clock.close_step(time.perf_counter() - t0 + wait_s)
     return out
 
-  J._step_for, J.consume = timed_step_for, timed_consume
+  T.step_for, J.consume = timed_step_for, timed_consume
   try:
     yield clock
   finally:
-    J._step_for, J.consume = step_for, consume
+    T.step_for, J.consume = step_for, consume
     for restore in reversed(undo):
       restore()
 

@@ -181,3 +181,68 @@ class StepRecord:
   train_tokens_per_s: float
   step_s: float  # wall time of the step, trainer wait included
   wait_s: float  # of which the trainer waited for its batch
+
+
+# ---- what crosses a process boundary or the disk (run/exchange.py, run/generator.py, run/job.py) ------------------
+@dataclasses.dataclass(frozen=True)
+class StartMsg:
+  """The lead trainer -> each generator process, once, after the initial weights: where the run starts."""
+  step: int  # the first step (the checkpoint's on a resume)
+  npr: dict  # NPR state (NPRState.state_dict)
+  data_state: Optional[dict] = None  # this generator's prompt-stream state from the checkpoint (None: a fresh run)
+  reward_state: Optional[dict] = None  # its reward totals from the checkpoint (None: start at zero)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchMsg:
+  """A generator process -> every trainer, per step: its share of batch `step` and what a checkpoint and the logs
+  need from it."""
+  groups: tuple[ScoredGroup, ...]  # its groups of the batch, in data order
+  data_state: dict  # its prompt-stream state before the next batch (what a checkpoint after this step stores)
+  data_metrics: dict  # data/... counters of its stream
+  reward_metrics: dict  # reward/... counters of its scoring
+  reward_state: dict  # its reward totals (RewardRunner.state)
+  stats: dict  # its GeneratorStats as a dict
+  weight_recv_s: float  # seconds its latest weight transfer took, measured where it ended
+
+
+@dataclasses.dataclass(frozen=True)
+class ControlMsg:
+  """The lead trainer -> each generator process after step `step`: the NPR record every process makes, and whether
+  version step + 1 is published (then its weights follow)."""
+  step: int
+  prompt_ids: tuple[str, ...]  # [P] the step's prompts, in batch order
+  pass_rates: tuple[float, ...]  # [P]
+  publishes: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class RunMeta:
+  """A checkpoint's metadata beside the TrainState: what a resume needs to continue the same data order and
+  compute count. Written as JSON by `to_json`; read back by `from_json`, which alone knows older layouts."""
+  step: int  # optimizer steps taken (= the policy version)
+  seed: int
+  data_states: list  # every prompt-reading process's stream state before batch `step`, in process order
+  npr: dict
+  compute: dict  # ComputeMeter.state
+  fingerprint: dict  # config_fingerprint: what a resume must not change
+  rewards: Optional[dict] = None  # this (main) process's reward totals
+  reward_states: Optional[list] = None  # every scoring process's totals (None in one process: `rewards`)
+  last_eval_step: int = -1
+  summary: dict = dataclasses.field(default_factory=dict)  # numbers and strings of the run's summary so far
+
+  def to_json(self) -> dict:
+    return {"step": self.step, "version": self.step, "seed": self.seed, "data_states": self.data_states,
+            "npr": self.npr, "compute": self.compute, "rewards": self.rewards, "reward_states": self.reward_states,
+            "last_eval_step": self.last_eval_step, "fingerprint": self.fingerprint, "summary": self.summary}
+
+  @classmethod
+  def from_json(cls, meta: dict) -> "RunMeta":
+    """The record of a checkpoint's JSON metadata, from any layout this code ever wrote."""
+    # remove after 2027-06: checkpoints written before per-process data states hold one state under "data"
+    data_states = meta.get("data_states") or [meta["data"]]
+    return cls(step=int(meta["step"]), seed=meta.get("seed", 0), data_states=list(data_states), npr=meta["npr"],
+               compute=meta["compute"], fingerprint=meta.get("fingerprint", {}),
+               # remove after 2027-06: checkpoints of one process held only "rewards", without "reward_states"
+               rewards=meta.get("rewards"), reward_states=meta.get("reward_states"),
+               last_eval_step=meta.get("last_eval_step", -1), summary=meta.get("summary", {}))

@@ -57,7 +57,7 @@ def tiny_config(run_dir, *overrides):
 
 def tiny_job(run_dir, *overrides):
   """RLJob of tiny_config(run_dir, *overrides), no progress bar."""
-  from scalerl_jax.pipeline.job import RLJob  # here: the reward workers that import this module need no jax
+  from scalerl_jax.run.job import RLJob  # here: the reward workers that import this module need no jax
   return RLJob(tiny_config(run_dir, *overrides), progress=False)
 
 
@@ -68,8 +68,8 @@ def consume_after_generating(job, last) -> None:
 
   def waiting(batch, wait_s=0.0):
     s, deadline = batch.index, time.monotonic() + 120
-    while not all(b == s or job._generator.out.ready(b) for b in range(s, last(s) + 1)):
-      assert job._generator.is_alive() and time.monotonic() < deadline, "generator stopped short of the bound"
+    while not all(b == s or job.generator.out.ready(b) for b in range(s, last(s) + 1)):
+      assert job.generator.is_alive() and time.monotonic() < deadline, "generator stopped short of the bound"
       time.sleep(0.005)
     return consume(batch, wait_s)
 

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from scalerl_jax.config import load_config
+from scalerl_jax.run.run_dir import prepare_run_dir
 from scalerl_jax.scaling import synthetic
 from tests.cli_helpers import exit_error
 from tests.fault_helpers import tmpfs
@@ -152,7 +153,7 @@ class FakeJob:
 
 @pytest.fixture
 def fake_job(monkeypatch):
-  from scalerl_jax.pipeline import job
+  from scalerl_jax.run import job
   monkeypatch.setattr(job, "RLJob", FakeJob)
   FakeJob.built, FakeJob.raises = [], None
   return FakeJob
@@ -212,26 +213,26 @@ def test_overwrite_never_deletes_a_live_run(tmp_path):
                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
   try:
     assert holder.stdout.readline().strip() == "held"
-    problem = train.prepare_run_dir(cfg, overwrite=True)
+    problem = prepare_run_dir(cfg, overwrite=True)
     assert problem.startswith(f"run_dir {run_dir.absolute()} is in use by another run (pid {holder.pid}")
     assert (run_dir / "metrics.jsonl").exists() and (run_dir / "checkpoints" / "40").exists()
   finally:
     holder.kill()
     holder.wait()
-  assert train.prepare_run_dir(cfg, overwrite=True) is None and not (run_dir / "metrics.jsonl").exists()
+  assert prepare_run_dir(cfg, overwrite=True) is None and not (run_dir / "metrics.jsonl").exists()
   assert RunLock(run_dir).acquire().held  # released again for the job to take
 
 
 def test_run_dir_checks_leave_resumes_and_fresh_dirs_alone(tmp_path, caplog):
   run_dir = tmp_path / "run"
   cfg = load_config(None, [f"run_dir={run_dir}"])
-  assert train.prepare_run_dir(cfg, overwrite=False) is None and run_dir.is_dir()  # created
+  assert prepare_run_dir(cfg, overwrite=False) is None and run_dir.is_dir()  # created
   _earlier_run(run_dir)
-  assert train.prepare_run_dir(cfg, overwrite=False) is None  # resume=true: the job resumes it
+  assert prepare_run_dir(cfg, overwrite=False) is None  # resume=true: the job resumes it
   assert (run_dir / "metrics.jsonl").exists()
   (run_dir / "checkpoints" / "40").rmdir()
   with caplog.at_level("WARNING"):
-    assert train.prepare_run_dir(cfg, overwrite=False) is None
+    assert prepare_run_dir(cfg, overwrite=False) is None
   assert any("holds metrics.jsonl but no checkpoint" in r.getMessage() for r in caplog.records)
 
 

@@ -421,7 +421,7 @@ def test_a_run_takes_the_gguf_file_as_model_pretrained_and_data_tokenizer(tmp_pa
   """configs/math_hf.yaml with model.pretrained and data.tokenizer set to the GGUF file: the architecture from its
   metadata, its tokenizer (special ids checked against the model's), training starting from its weights."""
   from scalerl_jax.config import load_config
-  from scalerl_jax.pipeline.job import RLJob
+  from scalerl_jax.run.job import RLJob
   from tests.test_math_hf import ROOT as REPO, TINY, _rows
   tiny = [o for o in TINY if not o.startswith(("model.pretrained=", "data.tokenizer="))]
   job = RLJob(load_config(REPO / "configs" / "math_hf.yaml", [
@@ -436,13 +436,13 @@ def test_a_run_takes_the_gguf_file_as_model_pretrained_and_data_tokenizer(tmp_pa
       assert x.dtype == np.float32, key  # the recipe's fp32 master weights under bf16 compute, from a GGUF too
       np.testing.assert_array_equal(x, want[key], err_msg=key)
   finally:
-    job._lock.release()
+    job.release()
 
 
 def test_the_character_tokenizer_with_a_gguf_checkpoint_is_refused(tmp_path):
   """model.pretrained a GGUF file, or a directory holding one, with data.tokenizer=char: refused by name."""
   from scalerl_jax.config import ConfigError, load_config
-  from scalerl_jax.pipeline.job import RLJob
+  from scalerl_jax.run.job import RLJob
   (tmp_path / "ckpt").mkdir()
   shutil.copy(FILES["Q8_0"], tmp_path / "ckpt" / "model.gguf")
   for model in (FILES["Q8_0"], tmp_path / "ckpt"):

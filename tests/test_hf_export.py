@@ -322,7 +322,7 @@ def test_export_after_real_rl_steps_reads_back_as_the_trained_params(tmp_path, c
   export.py with no flags (family and tokenizer from the run's model.pretrained) writes the step-2 params, and a
   resume from the run's config.yaml trains step 3 (config.yaml holds the paths absolute)."""
   from scalerl_jax.config import load_config
-  from scalerl_jax.pipeline.job import RLJob
+  from scalerl_jax.run.job import RLJob
   from tests.test_math_hf import ROOT as REPO, TINY, _rows, thinking_qwen3
 
   data, held_out = _rows(tmp_path / "train.jsonl", seed=0), _rows(tmp_path / "eval.jsonl", seed=1)

@@ -14,7 +14,7 @@ import pytest
 
 from scalerl_jax.config import ConfigError, load_config
 from scalerl_jax.model.hf import HFCheckpointError, load_pretrained
-from scalerl_jax.pipeline.job import RLJob
+from scalerl_jax.run.job import RLJob
 from tests.pipeline_helpers import read_consumed, read_metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -73,7 +73,7 @@ def test_math_hf_recipe_trains_an_imported_checkpoint_and_resumes(tmp_path):
   start = [np.array(x) for x in jax.tree.leaves(job.state.params)]  # a copy: the train step donates the state
   for a, b in zip(start, jax.tree.leaves(imported)):
     np.testing.assert_array_equal(a, np.asarray(b))  # training starts from the checkpoint's weights
-  job._lock.release()
+  job.release()
   job.run()
   lines = read_metrics(tmp_path / "run")
   assert [l["step"] for l in lines] == [0, 1, 2, 3] and all("train/loss" in l for l in lines[1:])
@@ -165,9 +165,9 @@ def test_a_train_step_over_trainer_max_step_memory_mb_runs_in_more_micro_batches
   def whole_batch_step(budget_mb: int):
     job = RLJob(load_config(ROOT / "configs" / "math_hf.yaml", [*base, f"trainer.max_step_memory_mb={budget_mb}"]),
                 progress=False)
-    job.state = init_train_state(job.policy, job.optimizer, job.trainer_layout, seed=0)
-    step = job._step_for(4)
-    return job.micro_batches, temp_bytes(step)
+    job.trainer.state = init_train_state(job.policy, job.optimizer, job.trainer_layout, seed=0)
+    step = job.trainer.step_for(4)
+    return job.trainer.micro_batches, temp_bytes(step)
 
   whole, temp = whole_batch_step(0)
   assert whole == {4: 1} and temp > 32 << 20

@@ -174,7 +174,7 @@ def test_per_task_points_and_fits(mixed_run, tmp_path, capsys):
 
 
 def test_short_mixed_run_scores_code_in_the_sandbox_and_reports_per_task(tmp_path):
-  from scalerl_jax.pipeline.job import RLJob
+  from scalerl_jax.run.job import RLJob
   from scalerl_jax.rewards.sandbox import Sandbox, SandboxUnavailable
   from scalerl_jax.config import SandboxConfig
   from tests.pipeline_helpers import read_metrics, tiny_config

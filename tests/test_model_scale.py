@@ -5,7 +5,7 @@
 Three independent counts must agree: the tree's own leaf sizes, the package's analytic `param_count` /
 `flops_per_token`, and the closed-form numbers written out below with their arithmetic. The compute meter the
 job books FLOPs with (`ComputeMeter.count_tokens` fed by `scalerl_jax.model.flops_per_token`, as
-scalerl_jax/pipeline/job.py does) must count an MoE's active parameters, not its total.
+scalerl_jax/run/job.py does through build.Parts.flops_per_token) must count an MoE's active parameters, not its total.
 
     pytest -s tests/test_model_scale.py     # prints the counts
 """
@@ -116,8 +116,8 @@ def test_flops_per_token_count_active_matmuls(model, context):
 
 
 def test_the_job_books_active_not_total_flops(model):
-  """What job.py does per step: `meter.count_tokens(generated, trained, f)` with
-  f = lambda backward: flops_per_token(cfg.model, StepShapes.T // 2, backward) (job.py builds that lambda; the
+  """What run/job.py does per step: `meter.count_tokens(generated, trained, f)` with
+  f = Parts.flops_per_token = flops_per_token(cfg.model, StepShapes.T // 2, backward) (run/build.py; the
   meter multiplies). The booked FLOPs follow the active count; had the total been used, Scout's would be 5.5x."""
   name, cfg, shapes = model
   m, want = cfg.model, EXPECTED[name]

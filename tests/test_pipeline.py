@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from scalerl_jax.pipeline.job import RLJob
+from scalerl_jax.run.job import RLJob
 from scalerl_jax.pipeline.orchestrator import PipelineError
 from tests.pipeline_helpers import SPLIT, consume_after_generating, consumed_prompt_ids, read_metrics, tiny_job
 
@@ -27,7 +27,7 @@ def k0_runs(tmp_path_factory):
 def test_k0_pipeline_equals_synchronous_loop_bitwise(k0_runs):
   piped, sync = k0_runs
   # two different code paths: a generator thread fed through the weight box vs. a plain loop on this thread
-  assert piped._generator is not None and piped._generator.stats.busy_s > 0 and sync._generator is None
+  assert piped.generator is not None and piped.generator.stats.busy_s > 0 and sync.generator is None
   assert len(piped.trainer_layout.devices) == 4 and set(piped.trainer_layout.devices).isdisjoint(
       piped.generator_layout.devices)
   assert consumed_prompt_ids(piped.run_dir) == consumed_prompt_ids(sync.run_dir)

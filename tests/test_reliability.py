@@ -10,7 +10,7 @@ import pytest
 from scalerl_jax import types
 from scalerl_jax.config import ConfigError
 from scalerl_jax.data.prompt_stream import PromptsExhausted
-from scalerl_jax.pipeline import job as job_lib
+from scalerl_jax.run import trainer as trainer_lib
 from scalerl_jax.pipeline.compute import ComputeMeter
 from scalerl_jax.pipeline.orchestrator import AdmissionPolicy
 from scalerl_jax.errors import UserError
@@ -29,13 +29,13 @@ def always_one(completion: str, answer: str) -> float:
 
 
 def test_non_finite_steps_are_skipped_counted_and_stop_the_run_with_a_usable_checkpoint(tmp_path, monkeypatch):
-  build = job_lib.build_train_batch
+  build = trainer_lib.build_train_batch
 
   def poisoned(packed, cfg, layout=None):  # what one NaN reward used to do to every batch-normalised advantage
     batch, metrics = build(packed, cfg, layout)
     return types.TrainBatch(**{**batch.__dict__, "advantages": np.full_like(batch.advantages, np.nan)}), metrics
 
-  monkeypatch.setattr(job_lib, "build_train_batch", poisoned)
+  monkeypatch.setattr(trainer_lib, "build_train_batch", poisoned)
   # the third skip lands on a checkpoint step (checkpoint.every_steps=3): one checkpoint, not a second save of it
   job = tiny_job(tmp_path, "pipeline.steps=10", "trainer.max_skipped_steps=3", "pipeline.eval_every=0",
                  "loss.zero_variance_filter=false", "checkpoint.every_steps=3")
@@ -160,7 +160,7 @@ def test_a_restart_is_not_compute(tmp_path):
 
 
 def test_one_non_finite_step_is_skipped_and_the_run_goes_on(tmp_path, monkeypatch):
-  build = job_lib.build_train_batch
+  build = trainer_lib.build_train_batch
 
   def poison_step_1(packed, cfg, layout=None):
     batch, metrics = build(packed, cfg, layout)
@@ -170,7 +170,7 @@ def test_one_non_finite_step_is_skipped_and_the_run_goes_on(tmp_path, monkeypatc
     return batch, metrics
 
   poison_step_1.calls = 0
-  monkeypatch.setattr(job_lib, "build_train_batch", poison_step_1)
+  monkeypatch.setattr(trainer_lib, "build_train_batch", poison_step_1)
   job = tiny_job(tmp_path, "pipeline.steps=3", "pipeline.eval_every=0", "loss.zero_variance_filter=false")
   job.run_sync()
   assert [r["train/skipped"] for r in read_metrics(job.run_dir) if "train/skipped" in r] == [0, 1, 0]
@@ -200,7 +200,7 @@ def test_a_second_run_on_a_live_run_directory_is_refused(tmp_path):
     with pytest.raises(UserError, match="in use by another run"):
       second.setup()
   finally:
-    first._lock.release()
+    first.release()
 
 
 def raise_on_even_answers(completion: str, answer: str) -> float:

@@ -75,7 +75,7 @@ def test_an_interrupt_before_the_first_step_stops_without_a_step(tmp_path):
 
   def setup_then_ctrl_c():
     setup()
-    job._interrupt._handler(signal.SIGINT, None)  # as if it came during compilation
+    job.interrupts.receive(signal.SIGINT)  # as if it came during compilation
 
   job.setup = setup_then_ctrl_c
   summary = job.run_sync()
@@ -147,14 +147,14 @@ def test_a_second_signal_exits_at_once_with_one_line(tmp_path):
 def test_a_signal_before_compiling_or_the_step_0_evaluation_starts_neither(tmp_path, monkeypatch, where):
   """A signal during set-up (as if during the warm start's last step or the parameter init): the train step is not
   compiled; one during the compilation: the step-0 evaluation does not run."""
-  from scalerl_jax.pipeline import job as job_lib
+  from scalerl_jax.run import build as build_lib
   job = tiny_job(tmp_path, "pipeline.steps=3", "pipeline.eval_every=2")
-  signal_now = lambda: job._interrupt._handler(signal.SIGTERM, None)  # noqa: E731
+  signal_now = lambda: job.interrupts.receive(signal.SIGTERM)  # noqa: E731
   compiled, evaluated = [], []
   if where == "init_train_state":
-    init = job_lib.init_train_state
-    monkeypatch.setattr(job_lib, "init_train_state", lambda *a, **k: (init(*a, **k), signal_now())[0])
-    monkeypatch.setattr(job, "_step_for", lambda groups: compiled.append(groups))
+    init = build_lib.init_train_state
+    monkeypatch.setattr(build_lib, "init_train_state", lambda *a, **k: (init(*a, **k), signal_now())[0])
+    monkeypatch.setattr(job.trainer, "step_for", lambda groups: compiled.append(groups))
   else:
     start = job.rewards.start
     monkeypatch.setattr(job.rewards, "start", lambda: (start(), signal_now()))
@@ -172,7 +172,7 @@ def test_a_signal_during_an_evaluation_stops_it_and_the_resume_evaluates_that_st
   """SIGTERM at the first decode step of the last step's evaluation: the evaluation stops at its next decode step,
   step 2's metrics are written without it and the checkpoint holds step 2; the resumed run evaluates step 2 first
   (else a study would never see the run finished)."""
-  from scalerl_jax.pipeline.job import RLJob
+  from scalerl_jax.run.job import RLJob
   from scalerl_jax.rollout.driver import RolloutDriver
   cfg = tiny_config(tmp_path, "pipeline.steps=2", "pipeline.eval_every=2", "checkpoint.every_steps=100")
   job = RLJob(cfg, progress=False)
@@ -180,10 +180,10 @@ def test_a_signal_during_an_evaluation_stops_it_and_the_resume_evaluates_that_st
 
   def step_then_signal(driver, params, version):
     if driver is not job.driver and version == 2:  # an evaluation's decode step (training uses job.driver)
-      if job._interrupt.is_set():
+      if job.interrupts.is_set():
         eval_steps_after.append(version)
       else:
-        job._interrupt._handler(signal.SIGTERM, None)
+        job.interrupts.receive(signal.SIGTERM)
     return step(driver, params, version)
 
   monkeypatch.setattr(RolloutDriver, "step", step_then_signal)

@@ -33,7 +33,7 @@ if SPEC:  # before jax is imported: this many XLA CPU devices (an inherited coun
 from scalerl_jax.config import (CheckpointConfig, DataConfig, InterruptionConfig, LoggingConfig,  # noqa: E402
                                 LossConfig, ModelConfig, NPRConfig, OptimizerConfig, PipelineConfig, RewardConfig,
                                 RolloutConfig, RunConfig, WarmStartConfig, validate)
-from scalerl_jax.pipeline.job import RLJob  # noqa: E402
+from scalerl_jax.run.job import RLJob  # noqa: E402
 from scalerl_jax.pipeline.orchestrator import BatchBuffer, GeneratorThread, run_pipeline  # noqa: E402
 
 # the optimizer settings compared: the recipe's own (OptimizerConfig's defaults) and AdamW matched across systems
@@ -74,7 +74,8 @@ class OursWorker:
     self.records: list[dict] = []
     self._gen_busy = self._reward_s = 0.0
     self._reward_lock = threading.Lock()  # _reward_s: added by the generator thread, taken by the trainer's
-    self._real_consume = self.job.consume
+    self._held: list = []  # the StepRecord of each step as consume holds it (its device metrics are read later)
+    self.job.observers.append(self._held.append)
     self._prompt_ids = {r["prompt"]: r["prompt_ids"] for r in peer_common.read_jsonl(spec["prompts"])
                         if "prompt_ids" in r}  # prompt text -> the driver's token ids (pretrained workloads)
 
@@ -89,13 +90,10 @@ class OursWorker:
             "decode_chunk": cfg.rollout.decode_chunk}
 
   def _trained_tokens(self, record, rows: int) -> int:
-    """The token positions the step ran through the model (what its train_tokens_per_s counts): a method of the
-    rows trained (a batch may be cut to fewer groups, `train/groups`), or one number per run in older jobs."""
-    counted = self.job.trained_tokens
-    if not callable(counted):
-      return counted
+    """The token positions the step ran through the model (what its train_tokens_per_s counts), of the rows
+    trained (a batch may be cut to fewer groups, `train/groups`)."""
     groups = record.host_metrics.get("train/groups")
-    return counted(groups * self.job.shapes.G if groups else rows)
+    return self.job.trainer.trained_tokens(groups * self.job.shapes.G if groups else rows)
 
   def _consume(self, batch, wait_s: float = 0.0) -> bool:
     samples = [s for g in batch.groups for s in g.samples]
@@ -104,8 +102,9 @@ class OursWorker:
     if self._prompt_ids:
       checked = peer_common.check_prompt_ids([self._prompt_ids[g.prompt.text] for g in batch.groups],
                                              [g.prompt.tokens.tolist() for g in batch.groups], "scalerl_jax")
-    keep_going = self._real_consume(batch, wait_s)
-    pending = self.job.log._pending  # the StepRecord consume just held (its device metrics are read a step late)
+    self._held.clear()
+    keep_going = self.job.consume(batch, wait_s)
+    pending = self._held[-1] if self._held else None  # the StepRecord consume just held
     busy = self._generator.stats.busy_s  # decode chunks and scoring (the generator thread scores what finished)
     self._gen_busy, gen_busy = busy, busy - self._gen_busy
     with self._reward_lock:
@@ -131,7 +130,7 @@ class OursWorker:
     self._generator = GeneratorThread(
         driver=job.driver, next_prompts=job.cursor.next_batch, score=self._score, weights=job.weights,
         policy=job.admission, samples=job.shapes.G, start=start, end=start + steps, out=BatchBuffer(stop), stop=stop)
-    job._gen_stats = self._generator.stats
+    job.generator_stats = self._generator.stats
     self._gen_busy, self._reward_s, self.records = 0.0, 0.0, []
     self.clock.start_round()
     run_pipeline(generator=self._generator, consume=self._consume, start=start, end=start + steps,
@@ -142,9 +141,9 @@ class OursWorker:
 def main() -> None:
   proto = peer_common.Protocol()
   worker = OursWorker(SPEC)
-  with worker.job._running():  # signal handlers, the reward workers, the run-directory lock
+  with worker.job.session():  # signal handlers, the reward workers, the run-directory lock
     t = time.perf_counter()
-    worker.job._begin()  # set up (compiles the train step), start the reward workers, start the compute meter
+    worker.job.begin()  # set up (compiles the train step), start the reward workers, start the compute meter
     proto.send({"ready": True, "info": {**worker.info(), "setup_s": time.perf_counter() - t}})
     while (cmd := proto.command())["cmd"] == "run":
       for rec in worker.run(int(cmd["steps"])):

@@ -72,6 +72,10 @@ class Interrupts:
     return 128 + self.signum if self.signum is not None else 0
 
   def _handler(self, signum, frame):
+    self.receive(signum)
+
+  def receive(self, signum: int) -> None:
+    """What a delivered signal does (the handler's body; tests call it to stand for a signal at a chosen point)."""
     name = signal.Signals(signum).name
     if not self.flag.is_set():
       self.signum = signum

@@ -47,7 +47,7 @@ def golden_numbers(run_dir: pathlib.Path) -> dict:
   """Runs the golden configuration in `run_dir` with the synchronous loop (no threads, so nothing depends on
   timing; PipelineRL-0 equals it bit for bit, tests/test_pipeline.py) and returns its summary."""
   from scalerl_jax.config import load_config
-  from scalerl_jax.pipeline.job import RLJob
+  from scalerl_jax.run.job import RLJob
 
   cfg = load_config(CONFIG, overrides=[f"run_dir={run_dir}"])
   job = RLJob(cfg, progress=False)
