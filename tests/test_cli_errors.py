@@ -140,7 +140,7 @@ class FakeJob:
   interrupted = False
   exit_code = 0
 
-  def __init__(self, cfg):
+  def __init__(self, cfg, transfer_host=None):
     FakeJob.built.append(cfg)
 
   def run(self):
