@@ -213,8 +213,7 @@ class Disaggregated(Colocated):
   def run(self, job, sync: bool) -> dict:
     if sync:
       raise distributed.DistributedError("--reference-loop runs generation and training in turn on the same "
-                                         "processes; with mesh.generator_processes use pipeline.mode=lockstep "
-                                         "(k = 0) instead")
+                                         "processes; with mesh.generator_processes use pipeline.mode=lockstep")
     return super().run(job, sync)
 
   def loop(self, job, sync: bool) -> None:
