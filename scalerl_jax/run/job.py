@@ -35,7 +35,7 @@ class RLJob(Lifecycle):
   def __init__(self, cfg: RunConfig, progress: Optional[bool] = None, transfer_host: Optional[str] = None):
     self.interrupts = Interrupts()  # SIGINT / SIGTERM: the stop flag every long phase checks (interrupts.py)
     self.parts = p = build.build(build.resolve_config(cfg), between=self._raise_if_stopped,
-                                      transfer_host=transfer_host)
+                                 transfer_host=transfer_host)
     self.cfg, self.run_dir, self.exchange, self.trainer = p.cfg, p.run_dir, p.exchange, Trainer(p)
     # the parts callers read most (all of them: `parts`)
     self.tokenizer, self.task, self.policy, self.optimizer = p.tokenizer, p.task, p.policy, p.optimizer
