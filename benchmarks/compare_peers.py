@@ -123,7 +123,7 @@ WORKLOADS = {
 # 2-layer Llama with a SmolLM2-style tokenizer and chat template; its small vocabulary makes the prompts 143-173 ids)
 SMOKE = {"tiny": WORKLOADS["tiny"],
          "smollm2": Workload("smollm2_smoke", {}, 2, 4, 8, 176, ("matched",), lr=2e-5, task="word_problems",
-                             pretrained=str(TINY_GGUF))}
+                             pretrained=str(TINY_GGUF), micro_batch=4)}
 
 
 # ---- peers' virtual environments ------------------------------------------------------------------------------
