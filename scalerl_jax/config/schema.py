@@ -36,6 +36,11 @@ RopeScaling = Literal["default", "llama3"]  # "llama3": Llama-3.1 frequency scal
 LossName = Literal["cispo", "reinforce", "grpo", "ppo", "dapo", "gspo"]
 Aggregation = Literal["prompt", "sample", "token", "seq_mean_token_sum"]
 AdvNorm = Literal["batch", "prompt", "none"]
+# the policy the loss's importance ratio divides by (rl/mismatch.py): the sampler's recorded log-probs, or the
+# trainer's own log-probs of the pre-update params (exact and free in this one-update-per-batch trainer)
+Behavior = Literal["sampler", "trainer"]
+# the sampler-trainer mismatch correction on the policy-gradient term (rl/mismatch.py)
+Mismatch = Literal["none", "tis", "mask", "seq_mask"]
 # mixed: addition + code; word_problems: English arithmetic for a pretrained instruct model
 TaskName = Literal["addition", "countdown", "code", "word_problems", "mixed", "file"]
 TaskMix = Literal["shuffled", "ratio"]  # how data.task=mixed fills batches
@@ -180,6 +185,15 @@ class LossConfig(_Choices):
   gspo_eps_low: float = 3e-3
   gspo_eps_high: float = 5e-3
   log_ratio_clamp: float = 20.0  # |log pi - log pi_gen| clamped before exp
+  # Sampler-trainer mismatch (rl/mismatch.py has the formulas). w = pi_trainer / pi_sampler per token.
+  behavior: Behavior = "sampler"  # sampler: ratio to the sampler's log-probs (ScaleRL); trainer: decoupled
+  mismatch: Mismatch = "none"  # tis: min(w, cap); mask: keep low <= w <= high (IcePop); seq_mask: geometric mean
+  mismatch_cap: float = 2.0  # tis cap C (verl's rollout_is_threshold, slime's tis_clip)
+  mismatch_low: float = 0.5  # mask: a token is kept when mismatch_low <= w <= mismatch_high (IcePop's 0.5 / 5)
+  mismatch_high: float = 5.0
+  # seq_mask: a sequence is kept when its geometric-mean ratio exp(mean_t log w) lies in [seq_low, seq_high]
+  mismatch_seq_low: float = 0.999  # verl's geometric rejection preset (1.001 and its reciprocal)
+  mismatch_seq_high: float = 1.001
   zero_variance_filter: bool = True
   # truncated samples stay in the loss on the CPU default's tiny budget (the 8B recipe excludes them)
   exclude_truncated: bool = False
@@ -413,6 +427,7 @@ RENAMED_VALUES = {  # (key, old value) -> (its new name, what it is)
 __all__ = [
     "AdvNorm",
     "Aggregation",
+    "Behavior",
     "CHOICES",
     "CONFIG_GROUPS",
     "CheckpointConfig",
@@ -428,6 +443,7 @@ __all__ = [
     "LossConfig",
     "LossName",
     "MeshConfig",
+    "Mismatch",
     "ModelConfig",
     "ModelFamily",
     "SandboxConfig",

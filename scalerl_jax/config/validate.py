@@ -83,6 +83,15 @@ def validate(cfg: RunConfig) -> RunConfig:
   need(l.eps_high > 0, "loss.eps_high", "must be positive")
   need(l.dual_clip is None or l.dual_clip > 1, "loss.dual_clip", "must be > 1 or null")
   need(l.log_ratio_clamp > 0, "loss.log_ratio_clamp", "must be positive")
+  need(l.mismatch_cap >= 1, "loss.mismatch_cap", "must be >= 1 (a cap below 1 would shrink on-policy tokens)")
+  for low, high in (("mismatch_low", "mismatch_high"), ("mismatch_seq_low", "mismatch_seq_high")):
+    need(0 <= getattr(l, low) < 1, f"loss.{low}", "must be in [0, 1) (a ratio of 1, no mismatch, is always kept)")
+    need(getattr(l, high) > 1, f"loss.{high}", "must be > 1 (a ratio of 1, no mismatch, is always kept)")
+  need(l.name != "gspo" or l.mismatch in ("none", "seq_mask"), "loss.mismatch",
+       "must be none or seq_mask with loss.name=gspo (a sequence loss: tis and mask are per token)")
+  need(l.behavior == "trainer" or l.mismatch != "tis", "loss.mismatch",
+       "tis needs loss.behavior=trainer: with behavior=sampler the loss's ratio already weights each token by "
+       "w = pi_trainer / pi_sampler and tis would weight it twice (cispo's loss.eps_max is that truncation there)")
   need(0 < l.length_penalty_cache < l.length_penalty_max, "loss.length_penalty_cache",
        f"must be in (0, loss.length_penalty_max={l.length_penalty_max})")
   d = cfg.data
