@@ -22,6 +22,20 @@ whatever the aggregation.
   logp_abs_gap     mean |log pi_theta - log pi_gen|
   mismatch_kl      mean (rho - 1 - log rho)                               k3 estimate of KL(pi_gen || pi_theta)
   tokens, samples  counts of loss tokens / samples with weight > 0
+The ratio statistics (ratio_*, ess, mismatch_kl) are of w = pi_theta / pi_gen (mismatch.py) under either
+loss.behavior: with behavior=trainer the loss's own ratio is 1 by construction and w is what is left to watch.
+
+Sampler-trainer mismatch (mismatch.py), logged every step whatever loss.mismatch is, with its configured bounds (so
+a run without correction shows what each correction would do); W_b = exp(clamp(L_b)) with L_b = sum_t log w over
+sequence b's loss tokens is the sequence's importance weight, g_b its geometric mean per token:
+  mismatch_truncated_frac   #(w > mismatch_cap) / tokens                 what tis truncates
+  mismatch_masked_frac      #(w outside [mismatch_low, mismatch_high]) / tokens    what mask drops
+  mismatch_ess              (sum f)^2 / (N sum f^2) of the factors f the loss multiplies in (1 with none)
+  mismatch_seq_kl           mean_b (W_b - 1 - L_b), L_b clamped          k3 estimate of the sequence-level KL
+  mismatch_seq_masked_frac  #(g_b outside [mismatch_seq_low, mismatch_seq_high]) / samples   what seq_mask drops
+  mismatch_seq_ess          (sum W)^2 / (S sum W^2)                      ESS of the sequence-level weights
+  mismatch_seq_max          max_b g_b                                    the largest geometric-mean ratio
+  (per token: mismatch_kl above, ratio_max is the largest w, ess the ESS of the raw token weights w)
 clip_count is the number of loss tokens, or of loss samples for gspo (its clip is per sequence). A mean with a
 zero count is NaN (e.g. a step where every group was filtered). Whole-batch statistics (zero-variance fraction,
 advantage statistics, kept prompts) come from `prepare`'s metrics.
@@ -33,9 +47,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scalerl_jax.rl import mismatch as mismatch_lib
+
 METRIC_KEYS = ("loss_sum", "tokens", "samples", "clip_count", "clip_upper_sum", "clip_lower_sum", "dual_clip_sum",
                "ratio_sum", "ratio_sq_sum", "ratio_min", "ratio_max", "neg_logp_sum", "logp_gap_sum",
-               "logp_abs_gap_sum", "mismatch_kl_sum")
+               "logp_abs_gap_sum", "mismatch_kl_sum", "mismatch_trunc_sum", "mismatch_masked_sum",
+               "mismatch_factor_sum", "mismatch_factor_sq_sum", "seq_kl_sum", "seq_masked_sum", "seq_weight_sum",
+               "seq_weight_sq_sum", "seq_ratio_max")
 
 
 def loss_metrics(*, loss, logp_BT, gen_logp_BT, log_ratio_BT, live_BT, live_B, clip_upper, clip_lower=None,
@@ -79,6 +97,39 @@ def loss_metrics(*, loss, logp_BT, gen_logp_BT, log_ratio_BT, live_BT, live_B, c
   }
 
 
+def mismatch_metrics(*, log_w_BT, mask_BT, live_BT, live_B, factor_BT, cfg):
+  """The mismatch sums of one micro-batch (module table; float32 scalars without gradient): `log_w_BT` the clamped
+  log w, `factor_BT` the correction factor per token (a sequence's on each of its tokens; None: 1)."""
+  sg = jax.lax.stop_gradient
+  lw_BT = sg(log_w_BT)
+  f_BT = live_BT.astype(jnp.float32)
+  w_BT = jnp.exp(lw_BT)
+  tokens = jnp.sum(f_BT)
+  out_of_band_BT = (w_BT < cfg.mismatch_low) | (w_BT > cfg.mismatch_high)
+  if factor_BT is None:  # f = 1: its sums are the token count, no pass over the batch
+    factor_sum = factor_sq_sum = tokens
+  else:
+    factor_BT = sg(factor_BT)
+    factor_sum, factor_sq_sum = jnp.sum(f_BT * factor_BT), jnp.sum(f_BT * factor_BT**2)
+  sum_B, len_B = mismatch_lib.sequence_log_ratio(lw_BT, mask_BT)
+  c = cfg.log_ratio_clamp
+  seq_lw_B = jnp.clip(sum_B, -c, c)
+  seq_w_B = jnp.exp(seq_lw_B)
+  g_B = jnp.exp(jnp.clip(sum_B / jnp.maximum(len_B, 1.0), -c, c))
+  s_B = live_B.astype(jnp.float32)
+  return {
+      "mismatch_trunc_sum": jnp.sum(f_BT * (w_BT > cfg.mismatch_cap)),
+      "mismatch_masked_sum": jnp.sum(f_BT * out_of_band_BT),
+      "mismatch_factor_sum": factor_sum,
+      "mismatch_factor_sq_sum": factor_sq_sum,
+      "seq_kl_sum": jnp.sum(s_B * (seq_w_B - 1.0 - seq_lw_B)),
+      "seq_masked_sum": jnp.sum(s_B * ((g_B < cfg.mismatch_seq_low) | (g_B > cfg.mismatch_seq_high))),
+      "seq_weight_sum": jnp.sum(s_B * seq_w_B),
+      "seq_weight_sq_sum": jnp.sum(s_B * seq_w_B**2),
+      "seq_ratio_max": jnp.max(jnp.where(live_B, g_B, -jnp.inf)),
+  }
+
+
 def empty_metrics():
   """The identity of `accumulate_metrics`: 0 for sums and counts, +inf for `_min`, -inf for `_max`."""
   def init(key):
@@ -104,7 +155,7 @@ def finalize_metrics(summed) -> dict:
   def div(num, den):
     return num / den if den > 0 else float("nan")
 
-  tokens, clip_count = s["tokens"], s["clip_count"]
+  tokens, samples, clip_count = s["tokens"], s["samples"], s["clip_count"]
   return {
       "loss": s["loss_sum"],
       "clip_frac_upper": div(s["clip_upper_sum"], clip_count),
@@ -118,6 +169,13 @@ def finalize_metrics(summed) -> dict:
       "logp_gap": div(s["logp_gap_sum"], tokens),
       "logp_abs_gap": div(s["logp_abs_gap_sum"], tokens),
       "mismatch_kl": div(s["mismatch_kl_sum"], tokens),
+      "mismatch_truncated_frac": div(s["mismatch_trunc_sum"], tokens),
+      "mismatch_masked_frac": div(s["mismatch_masked_sum"], tokens),
+      "mismatch_ess": div(s["mismatch_factor_sum"]**2, tokens * s["mismatch_factor_sq_sum"]),
+      "mismatch_seq_kl": div(s["seq_kl_sum"], samples),
+      "mismatch_seq_masked_frac": div(s["seq_masked_sum"], samples),
+      "mismatch_seq_ess": div(s["seq_weight_sum"]**2, samples * s["seq_weight_sq_sum"]),
+      "mismatch_seq_max": s["seq_ratio_max"] if samples > 0 else float("nan"),
       "tokens": tokens,
-      "samples": s["samples"],
+      "samples": samples,
   }

@@ -1,8 +1,11 @@
 """Policy losses as settings of one importance-weighted surrogate family (paper §3.2, our §4-5).
 
-Every loss uses the generator's per-token log-probabilities recorded at sampling time as the behaviour policy,
-rho[b,t] = exp(clamp(log pi_theta - log pi_gen, -c, c)); nothing recomputes an "old" policy, so rho absorbs both
-staleness and sampler/trainer kernel mismatch (paper §4). A = advantages[b] (one per sample). sg = stop-gradient.
+By default every loss uses the generator's per-token log-probabilities recorded at sampling time as the behaviour
+policy, rho[b,t] = exp(clamp(log pi_theta - log pi_gen, -c, c)); nothing recomputes an "old" policy, so rho absorbs
+both staleness and sampler/trainer kernel mismatch (paper §4). loss.behavior=trainer makes the behaviour the
+trainer's own pre-update log-probs (rho = exp(log pi_theta - sg(log pi_theta)), value 1), and loss.mismatch adds a
+stop-gradient correction factor f on each token's (gspo: sequence's) loss for the sampler-trainer gap: mismatch.py.
+A = advantages[b] (one per sample). sg = stop-gradient.
 
   loss.name   family          per-token loss l[b,t] (minimised)                     settings
   cispo       truncated IS    -sg(min(rho, eps_max)) * A * log pi_theta             eps_max (absolute cap)
@@ -33,6 +36,7 @@ import jax.numpy as jnp
 
 from scalerl_jax.config import LossConfig
 from scalerl_jax.rl import diagnostics as metrics_lib
+from scalerl_jax.rl import mismatch as mismatch_lib
 from scalerl_jax.types import TrainBatch
 
 
@@ -108,8 +112,9 @@ def gspo_sequence_loss(log_ratio_BT, mask_BT, adv_B, eps_low: float, eps_high: f
 def policy_loss(logp_BT, batch: TrainBatch, cfg: LossConfig):
   """The loss of one (micro-)batch and its metric sums: `loss, metrics = policy_loss(logp_BT, batch, cfg)`.
 
-      token losses:  loss = sum_{b,t} token_weights[b,t] * l[b,t]
-      gspo:          loss = sum_b sample_weights[b] * l_b
+      token losses:  loss = sum_{b,t} token_weights[b,t] * f[b,t] * l[b,t]
+      gspo:          loss = sum_b sample_weights[b] * f_b * l_b
+  with f the mismatch correction factor (mismatch.py; 1, and not multiplied in at all, with loss.mismatch=none).
 
   `logp_BT` are the trainer's log-probs of `batch.tokens` (aligned as in `scalerl_jax.types`). The weights from
   `prepare` are normalised by whole-step counts, so for any split of the rows into micro-batches the losses add
@@ -123,27 +128,36 @@ def policy_loss(logp_BT, batch: TrainBatch, cfg: LossConfig):
   logp_BT = jnp.where(mask_BT, logp_BT.astype(jnp.float32), 0.0)
   gen_BT = jnp.where(mask_BT, jnp.asarray(batch.gen_logprobs, jnp.float32), 0.0)
   adv_B = jnp.asarray(batch.advantages, jnp.float32)
-  lr_BT = log_ratio(logp_BT, gen_BT, cfg.log_ratio_clamp)
+  log_w_BT = log_ratio(logp_BT, gen_BT, cfg.log_ratio_clamp)  # log w: trainer over sampler (gradient: none used)
+  if cfg.behavior == "trainer":  # the pre-update params' log-probs ARE sg(logp) in this one-update trainer
+    lr_BT = log_ratio(logp_BT, jax.lax.stop_gradient(logp_BT), cfg.log_ratio_clamp)
+  else:
+    lr_BT = log_w_BT
   live_BT = token_w_BT > 0
   live_B = sample_w_B > 0
+  factor = mismatch_lib.correction_factor(log_w_BT, mask_BT, cfg, per_sequence=cfg.name == "gspo")
+  factor_BT = factor if factor is None or cfg.name != "gspo" else jnp.broadcast_to(factor[:, None], mask_BT.shape)
+  corrected = (lambda w: w) if factor is None else (lambda w: w * factor)  # weights times f
 
   clip_live = dual = None  # metrics defaults: clips counted over loss tokens, no dual clip
   if cfg.name in ("cispo", "reinforce"):
     l_BT, upper = truncated_is_loss(logp_BT, lr_BT, adv_B[:, None], cfg.eps_max)
     lower = None  # no lower bound on the weight
-    loss = jnp.sum(token_w_BT * l_BT)
+    loss = jnp.sum(corrected(token_w_BT) * l_BT)
   elif cfg.name == "gspo":
     l_B, _, upper, lower = gspo_sequence_loss(lr_BT, mask_BT, adv_B, cfg.gspo_eps_low, cfg.gspo_eps_high,
                                               cfg.log_ratio_clamp)
     clip_live = live_B  # GSPO clips whole sequences
-    loss = jnp.sum(sample_w_B * l_B)
+    loss = jnp.sum(corrected(sample_w_B) * l_B)
   else:
     eps_high = cfg.eps_high if cfg.name == "dapo" else cfg.eps_low
     l_BT, upper, lower, dual = clipped_surrogate_loss(lr_BT, adv_B[:, None], cfg.eps_low, eps_high, cfg.dual_clip)
     dual = None if cfg.dual_clip is None else dual
-    loss = jnp.sum(token_w_BT * l_BT)
+    loss = jnp.sum(corrected(token_w_BT) * l_BT)
 
   metrics = metrics_lib.loss_metrics(
-      loss=loss, logp_BT=logp_BT, gen_logp_BT=gen_BT, log_ratio_BT=lr_BT, live_BT=live_BT, live_B=live_B,
+      loss=loss, logp_BT=logp_BT, gen_logp_BT=gen_BT, log_ratio_BT=log_w_BT, live_BT=live_BT, live_B=live_B,
       clip_upper=upper, clip_lower=lower, clip_live=clip_live, dual_clip=dual)
+  metrics.update(metrics_lib.mismatch_metrics(log_w_BT=log_w_BT, mask_BT=mask_BT, live_BT=live_BT, live_B=live_B,
+                                              factor_BT=factor_BT, cfg=cfg))
   return loss, metrics

@@ -5,7 +5,8 @@ micro-batches* (normalised by global counts carried in the batch, see `scalerl_j
 `metric_sums` is a dict of scalars that are summed over micro-batches. Gradient accumulation runs inside the jit
 as a `lax.scan` over micro-batches; micro-batch m holds rows m, m+M, m+2M, ... (or, with `micro_batch_block=G`,
 the G-row groups m, m+M, ...: whole groups for a loss that computes each prompt once) so that on a data-sharded
-batch every device works on every micro-batch without moving data.
+batch every device works on every micro-batch without moving data. A batch gets exactly one optimizer update:
+rl/mismatch.py's loss.behavior=trainer relies on it (the pre-update params' log-probs are the step's own forward).
 """
 
 from __future__ import annotations
