@@ -217,6 +217,14 @@ def test_diagnostics_by_hand(mismatch, ess):
     np.testing.assert_allclose(f[k], v, rtol=2e-6, atol=1e-7, err_msg=k)
 
 
+def test_diagnostics_follow_their_own_bounds():
+  _, m, _ = run(cfg_of("cispo", mismatch_cap=1.2, mismatch_high=4.8, mismatch_seq_low=0.75, mismatch_seq_high=1.9))
+  f = rl.finalize_metrics(m)
+  # w > 1.2: 1.25, 5.0, 4.5 -> 3/9; outside [0.6, 4.8]: 5.0, 0.5 -> 2/9; g outside [0.75, 1.9]: b1 0.707, b2 4.5 -> 2/4
+  np.testing.assert_allclose([f["mismatch_truncated_frac"], f["mismatch_masked_frac"], f["mismatch_seq_masked_frac"]],
+                             [3 / 9, 2 / 9, 0.5], rtol=1e-6)
+
+
 def test_sampler_mask_ess_is_the_kept_fraction():
   _, m, _ = run(cfg_of("cispo", mismatch="mask"))
   # f = 1[band]: 6 of 9 tokens kept -> 6^2 / (9 * 6) = 2/3
