@@ -278,3 +278,52 @@ def test_jitted_scan_over_micro_batches_matches_the_full_batch():
   np.testing.assert_allclose(float(loss), -4.375 / 9, rtol=2e-6)
   np.testing.assert_allclose(np.asarray(g_M).reshape(4, -1), token_grad(F_SEQ, "token"), rtol=2e-6, atol=1e-8)
   np.testing.assert_allclose(rl.finalize_metrics(acc)["mismatch_seq_masked_frac"], 0.25)
+
+
+def test_trainer_behaviour_equals_an_explicit_recompute_of_the_pre_update_policy():
+  """behavior=trainer takes pi_old as sg of the step's own forward (no extra forward). That is exactly the decoupled
+  loss with pi_old recomputed by a separate forward of the pre-update params, as a trainer with several updates per
+  batch would have to: same loss and gradient on a real policy; and the micro-batched step accumulates it exactly."""
+  from scalerl_jax.config import ModelConfig
+  from scalerl_jax.model import Policy, token_logprobs
+  from scalerl_jax.train.rl_loss import make_rl_loss
+  from scalerl_jax.train.step import accumulate_gradients
+  from tests.model_helpers import rl_batch
+
+  policy = Policy(ModelConfig(vocab_size=32, hidden=32, intermediate=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                              head_dim=8, max_seq_len=16))
+  params = policy.init(0)
+  batch = rl_batch(4, 2, 5, 6, 32)
+  old_BT = token_logprobs(policy, params, batch.tokens)  # the explicit recompute: a second forward
+  u_BT = np.random.default_rng(1).uniform(-1.2, 1.2, old_BT.shape)
+  m_BT = np.asarray(batch.loss_mask)
+  batch = dataclasses.replace(batch, gen_logprobs=np.where(m_BT > 0, old_BT - u_BT, 0).astype(np.float32))
+  cfg = LossConfig(name="dapo", behavior="trainer", mismatch="mask")  # keeps 0.5 <= w <= 5 (w = e^u in [0.3, 3.3])
+
+  def decoupled(p):
+    logp_BT = jnp.where(m_BT > 0, token_logprobs(policy, p, batch.tokens), 0.0)
+    old = jnp.where(m_BT > 0, old_BT, 0.0)
+    rho_BT, w_BT = jnp.exp(logp_BT - old), jnp.exp(old - batch.gen_logprobs)
+    f_BT = w_BT * ((w_BT >= 0.5) & (w_BT <= 5.0))
+    a_B1 = batch.advantages[:, None]
+    j_BT = jnp.minimum(rho_BT * a_B1, jnp.clip(rho_BT, 0.8, 1.28) * a_B1)
+    return jnp.sum(batch.token_weights * f_BT * -j_BT)
+
+  w = np.exp(u_BT)[m_BT > 0]
+  assert np.any(w < 0.5) and np.any((w > 0.5) & (w != 1.0))  # some tokens dropped, the rest reweighted
+  loss_fn = make_rl_loss(policy, cfg, temperature=1.0)
+  # float32 sums in another order (a second forward, jit against eager): ulps of each leaf's largest entry
+  (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+  ref_loss, ref_grads = jax.value_and_grad(decoupled)(params)
+  assert abs(float(ref_loss)) > 1e-4
+  np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+  for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-5 * np.abs(r).max())
+
+  accumulate = jax.jit(lambda p, b: accumulate_gradients(loss_fn, p, b, 2, rl.empty_metrics, rl.accumulate_metrics))
+  loss_2, metrics_2, grads_2 = accumulate(params, batch)
+  np.testing.assert_allclose(float(loss_2), float(loss), rtol=1e-5)
+  for g, r in zip(jax.tree.leaves(grads_2), jax.tree.leaves(grads)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-5 * np.abs(r).max())
+  f = rl.finalize_metrics(metrics_2)
+  np.testing.assert_allclose(f["mismatch_masked_frac"], np.mean((w < 0.5) | (w > 5)), rtol=1e-6)
