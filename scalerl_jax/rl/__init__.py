@@ -36,8 +36,7 @@ from scalerl_jax.rl.aggregation import aggregate, aggregation_weights
 from scalerl_jax.rl.filters import group_stats, kept_groups, length_penalty, loss_token_mask, valid_samples
 from scalerl_jax.rl.losses import (clipped_surrogate_loss, gspo_sequence_loss, log_ratio, policy_loss,
                                    truncated_is_loss)
-from scalerl_jax.rl.diagnostics import (METRIC_KEYS, accumulate_metrics, empty_metrics, finalize_metrics, loss_metrics,
-                                        mismatch_metrics)
+from scalerl_jax.rl.diagnostics import METRIC_KEYS, accumulate_metrics, empty_metrics, finalize_metrics, loss_metrics
 from scalerl_jax.rl.mismatch import correction_factor, geometric_mean_ratio, sequence_log_ratio
 from scalerl_jax.rl.prepare import Prepared, prepare
 
@@ -45,6 +44,6 @@ __all__ = [
     "METRIC_KEYS", "Prepared", "accumulate_metrics", "aggregate", "aggregation_weights", "centred_rewards",
     "clipped_surrogate_loss", "correction_factor", "empty_metrics", "finalize_metrics", "geometric_mean_ratio",
     "group_stats", "gspo_sequence_loss", "kept_groups", "length_penalty", "log_ratio", "loss_metrics",
-    "loss_token_mask", "mismatch_metrics", "normalize_advantages", "policy_loss", "prepare", "sequence_log_ratio",
+    "loss_token_mask", "normalize_advantages", "policy_loss", "prepare", "sequence_log_ratio",
     "truncated_is_loss", "valid_samples",
 ]

@@ -56,13 +56,15 @@ METRIC_KEYS = ("loss_sum", "tokens", "samples", "clip_count", "clip_upper_sum", 
                "seq_weight_sq_sum", "seq_ratio_max")
 
 
-def loss_metrics(*, loss, logp_BT, gen_logp_BT, log_ratio_BT, live_BT, live_B, clip_upper, clip_lower=None,
-                 clip_live=None, dual_clip=None):
+def loss_metrics(*, loss, logp_BT, gen_logp_BT, log_ratio_BT, live_BT, live_B, clip_upper, mask_BT, cfg,
+                 clip_lower=None, clip_live=None, dual_clip=None, factor_BT=None):
   """The metric sums of one micro-batch (keys `METRIC_KEYS`), all float32 scalars without gradient.
 
-  `clip_live` (default `live_BT`) says where the clip indicators are counted; `clip_lower` and `dual_clip` default
-  to "none" and are reported as exact zeros without a pass over the batch (on CPU every full-size reduction is a
-  pass over memory, and these sums cost more than the loss itself).
+  `log_ratio_BT` is the clamped log w = log pi_theta - log pi_gen; `mask_BT` the loss mask (sequence statistics
+  run over it); `cfg` the LossConfig (the mismatch bounds); `factor_BT` the mismatch correction factor per token
+  (a sequence's on each of its tokens; None: 1). `clip_live` (default `live_BT`) says where the clip indicators are
+  counted; `clip_lower` and `dual_clip` default to "none" and are reported as exact zeros without a pass over the
+  batch (on CPU every full-size reduction is a pass over memory, and these sums cost more than the loss itself).
   """
   sg = jax.lax.stop_gradient
   zero = jnp.float32(0.0)
@@ -78,6 +80,7 @@ def loss_metrics(*, loss, logp_BT, gen_logp_BT, log_ratio_BT, live_BT, live_B, c
     clip_count = jnp.sum(clip_live.astype(jnp.float32))
   count = lambda x: jnp.sum((clip_live & x).astype(jnp.float32))
   total = lambda x_BT: jnp.sum(f_BT * x_BT)
+  mismatch = _mismatch_sums(f_BT, rho_BT, lr_BT, tokens, mask_BT, live_B, factor_BT, cfg)
   return {
       "loss_sum": sg(loss).astype(jnp.float32),
       "tokens": tokens,
@@ -94,17 +97,13 @@ def loss_metrics(*, loss, logp_BT, gen_logp_BT, log_ratio_BT, live_BT, live_B, c
       "logp_gap_sum": total(gap_BT),
       "logp_abs_gap_sum": total(jnp.abs(gap_BT)),
       "mismatch_kl_sum": total(rho_BT - 1.0 - lr_BT),
+      **mismatch,
   }
 
 
-def mismatch_metrics(*, log_w_BT, mask_BT, live_BT, live_B, factor_BT, cfg):
-  """The mismatch sums of one micro-batch (module table; float32 scalars without gradient): `log_w_BT` the clamped
-  log w, `factor_BT` the correction factor per token (a sequence's on each of its tokens; None: 1)."""
+def _mismatch_sums(f_BT, w_BT, lw_BT, tokens, mask_BT, live_B, factor_BT, cfg):
+  """The mismatch sums (module table) from loss_metrics' materialised loss-token indicator f_BT, w, log w."""
   sg = jax.lax.stop_gradient
-  lw_BT = sg(log_w_BT)
-  f_BT = live_BT.astype(jnp.float32)
-  w_BT = jnp.exp(lw_BT)
-  tokens = jnp.sum(f_BT)
   out_of_band_BT = (w_BT < cfg.mismatch_low) | (w_BT > cfg.mismatch_high)
   if factor_BT is None:  # f = 1: its sums are the token count, no pass over the batch
     factor_sum = factor_sq_sum = tokens

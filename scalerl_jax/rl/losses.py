@@ -157,7 +157,6 @@ def policy_loss(logp_BT, batch: TrainBatch, cfg: LossConfig):
 
   metrics = metrics_lib.loss_metrics(
       loss=loss, logp_BT=logp_BT, gen_logp_BT=gen_BT, log_ratio_BT=log_w_BT, live_BT=live_BT, live_B=live_B,
-      clip_upper=upper, clip_lower=lower, clip_live=clip_live, dual_clip=dual)
-  metrics.update(metrics_lib.mismatch_metrics(log_w_BT=log_w_BT, mask_BT=mask_BT, live_BT=live_BT, live_B=live_B,
-                                              factor_BT=factor_BT, cfg=cfg))
+      clip_upper=upper, mask_BT=mask_BT, cfg=cfg, clip_lower=lower, clip_live=clip_live, dual_clip=dual,
+      factor_BT=factor_BT)
   return loss, metrics
