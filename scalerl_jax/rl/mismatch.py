@@ -19,6 +19,10 @@ optimizer.update; pipeline.mode=ppo_offpolicy takes its k updates on k different
 exactly the ones the step's own forward computes, before the update: sg(log pi_theta). No extra forward runs, and
 the compute meter counts nothing extra because nothing extra happens. A trainer that took several updates per
 batch (PPO epochs) would need them recomputed once before the first update, an extra forward to count.
+So with behavior=trainer rho = 1 at every token and no clip or cap binds: cispo, reinforce, grpo, ppo and dapo all
+take the gradient -f A grad log pi_theta (their values differ: f A (-log pi_theta) for cispo/reinforce, -f A for
+the clipped family), and gspo's is -(f_b A_b / |y_b|) sum_t grad log pi_theta. pipeline.mode=ppo_offpolicy's j-th
+update on a batch sampled j versions back then clips nothing and leaves the staleness to f (its w includes it).
 
 loss.mismatch picks the factor f (stop-gradient) that multiplies each token's loss (gspo: each sequence's loss).
 Every correction makes the token's total importance weight a bounded version of w; with behavior=sampler the ratio
