@@ -251,7 +251,7 @@ def test_micro_batches_add_up(key):
     acc = rl.accumulate_metrics(acc, mm)
   uncorrected = dataclasses.replace(cfg, mismatch="none")
   assert abs(float(rl.policy_loss(jnp.asarray(logp), batch, uncorrected)[0]) - float(loss)) > 1e-3  # f acts
-  assert sum(abs(p) > 1e-4 for p in parts) >= 1 and len(parts) == 2
+  assert all(abs(p) > 1e-4 for p in parts)  # both micro-batches contribute
   np.testing.assert_allclose(sum(parts), float(loss), rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(np.concatenate(grads), np.asarray(grad), rtol=1e-6, atol=1e-9)
   full, split = rl.finalize_metrics(m), rl.finalize_metrics(acc)
