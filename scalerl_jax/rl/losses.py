@@ -128,7 +128,7 @@ def policy_loss(logp_BT, batch: TrainBatch, cfg: LossConfig):
   logp_BT = jnp.where(mask_BT, logp_BT.astype(jnp.float32), 0.0)
   gen_BT = jnp.where(mask_BT, jnp.asarray(batch.gen_logprobs, jnp.float32), 0.0)
   adv_B = jnp.asarray(batch.advantages, jnp.float32)
-  log_w_BT = log_ratio(logp_BT, gen_BT, cfg.log_ratio_clamp)  # log w: trainer over sampler (gradient: none used)
+  log_w_BT = log_ratio(logp_BT, gen_BT, cfg.log_ratio_clamp)  # log w, trainer over sampler: the sampler's rho
   if cfg.behavior == "trainer":  # the pre-update params' log-probs ARE sg(logp) in this one-update trainer
     lr_BT = log_ratio(logp_BT, jax.lax.stop_gradient(logp_BT), cfg.log_ratio_clamp)
   else:
