@@ -59,7 +59,9 @@ bubblewrap's message: that is the machine's problem, not the program's.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
+import logging
 import math
 import os
 import resource
@@ -67,14 +69,16 @@ import select
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 from scalerl_jax.errors import UserError
+from scalerl_jax.rewards import seccomp
+from scalerl_jax.rewards.memory import CgroupError, MemoryBound
 
-CAUSES = ("ok", "nonzero_exit", "timeout_wall", "cpu_limit", "memory", "procs", "output_limit", "killed")
+CAUSES = ("ok", "nonzero_exit", "timeout_wall", "cpu_limit", "memory", "procs", "output_limit", "killed",
+          "program_too_large")
 UID_BASE = 2_000_000_000  # + pid (pid_max <= 2**22); bubblewrap's uid map refuses uids of 2**31 and above
 KILL_WAIT_S = 10.0  # after SIGKILL to the sandbox: how long bubblewrap gets to reap it before it is killed itself
 SANDBOX_PATH = "/usr/bin:/bin"
@@ -87,6 +91,16 @@ _FIX = ("Code rewards never run programs unsandboxed. Install bubblewrap (`apt-g
         "--security-opt seccomp=unconfined).")
 
 
+_bounds: dict = {}  # sandbox.memory_cgroup -> MemoryBound, detected once per process
+_warned: set = set()
+
+
+def _warn_once(message: str) -> None:
+  if message not in _warned:
+    _warned.add(message)
+    logging.getLogger(__name__).warning(message)
+
+
 class SandboxUnavailable(UserError):
   """bubblewrap (or prlimit, or the sandbox's interpreter) is missing or cannot build a sandbox on this machine."""
 
@@ -94,13 +108,15 @@ class SandboxUnavailable(UserError):
 @dataclasses.dataclass(frozen=True)
 class RunResult:
   """One sandboxed run: what it printed (at most output_kb each, decoded as UTF-8 with replacement), the program's
-  exit status (128 + n: died of signal n; None: killed for its wall time), why it ended (CAUSES) and its wall
-  seconds."""
+  exit status (128 + n: died of signal n; None: killed for its wall time or never started), why it ended
+  (CAUSES), its wall seconds and what its main process wrote to the side channel (run(side=...); else None).
+  stderr is its last output_kb bytes (the final traceback), stdout its first."""
   stdout: str
   stderr: str
   exit_code: Optional[int]
   cause: str
   seconds: float
+  side: Optional[str] = None
 
   @property
   def ok(self) -> bool:
@@ -217,10 +233,9 @@ def _reap(child: object) -> Optional[resource.struct_rusage]:
     os.close(fd)
 
 
-def _status(f) -> dict:
+def _status(data: bytes) -> dict:
   """bubblewrap's --json-status-fd output: concatenated JSON objects ({"child-pid": ...}, {"exit-code": ...})."""
-  f.seek(0)
-  text, out, decoder, i = f.read().decode("utf-8", "replace"), {}, json.JSONDecoder(), 0
+  text, out, decoder, i = data.decode("utf-8", "replace"), {}, json.JSONDecoder(), 0
   while True:
     while i < len(text) and text[i].isspace():
       i += 1
@@ -234,11 +249,36 @@ def _status(f) -> dict:
       out.update(item)
 
 
-def _read(f, cap: int) -> tuple[str, bool]:
-  """The first `cap` bytes of a file as text, and whether there was more."""
-  f.seek(0)
-  data = f.read(cap + 1)
-  return data[:cap].decode("utf-8", "replace"), len(data) > cap
+def _sealed(data: bytes, name: str) -> int:
+  """A memory-backed file holding `data`, sealed (no write, grow, shrink, no new seals): a program that gets it
+  can read it but neither change it nor reserve memory or disk through it (fallocate fails with EPERM)."""
+  fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+  view = memoryview(data)
+  while view:
+    view = view[os.write(fd, view):]
+  fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+  os.lseek(fd, 0, os.SEEK_SET)
+  return fd
+
+
+class _Stream:
+  """What the caller keeps of one output pipe: the first `head` bytes, the last `tail` bytes and the total count."""
+
+  def __init__(self, head: int, tail: int = 0):
+    self.head, self.tail, self.total = bytearray(), bytearray(), 0
+    self._head, self._tail = head, tail
+
+  def add(self, data: bytes) -> None:
+    self.total += len(data)
+    room = self._head - len(self.head)
+    if room > 0:
+      self.head += data[:room]
+    if self._tail:
+      self.tail = (self.tail + data)[-self._tail:]
+
+  def text(self, tail: bool = False) -> str:
+    data = bytes(self.tail if tail and self.total > self._head else self.head)
+    return data.decode("utf-8", "replace")
 
 
 class Sandbox:
@@ -286,57 +326,186 @@ class Sandbox:
             f"--nofile={_clamp(cfg.open_files, resource.RLIMIT_NOFILE)}",
             "--core=0"]
 
-  def command(self, program_fd: int, status_fd: int, uid: Optional[int] = None) -> list[str]:
-    """The argv of one run: the program is read from `program_fd`, bubblewrap reports to `status_fd`; `uid`: the
-    uid it runs as when the caller is root (None: the caller's)."""
+  def memory_bound(self) -> MemoryBound:
+    """How this process bounds a run's memory (memory.py), detected once per process and setting."""
+    key = self.cfg.memory_cgroup
+    if key not in _bounds:
+      try:
+        _bounds[key] = MemoryBound.detect(key)
+      except CgroupError as exc:
+        raise SandboxUnavailable(str(exc)) from None
+    return _bounds[key]
+
+  def command(self, fds: dict, uid: Optional[int] = None, argv: Sequence[str] = ()) -> list[str]:
+    """The argv of one run. `fds`: "program" (read by bubblewrap into /sandbox/main.py), "status" (bubblewrap's
+    JSON reports), "block" (bubblewrap's child waits for a byte on it before it starts the program), "seccomp" (the
+    filter); `uid`: the uid it runs as when the caller is root (None: the caller's); `argv`: the program's
+    arguments."""
     bwrap, prlimit, python = self._tools()
     return [prlimit, *self._limits(uid), "--",
             bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--hostname", "sandbox", *self._mounts(python),
             "--proc", "/proc", "--dev", "/dev",
             "--size", str(self.cfg.tmp_mb * 2**20), "--tmpfs", "/tmp",
-            "--ro-bind-data", str(program_fd), "/sandbox/main.py",
+            "--ro-bind-data", str(fds["program"]), "/sandbox/main.py",
             "--remount-ro", "/dev", "--remount-ro", "/",
             "--chdir", "/tmp", "--clearenv", "--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", "/tmp",
-            "--setenv", "LANG", "C.UTF-8", "--json-status-fd", str(status_fd),
-            "--", python, "-I", "-B", "/sandbox/main.py"]
+            "--setenv", "LANG", "C.UTF-8", "--json-status-fd", str(fds["status"]), "--block-fd", str(fds["block"]),
+            "--seccomp", str(fds["seccomp"]),
+            "--", python, "-I", "-B", "/sandbox/main.py", *argv]
 
   # --- one run ------------------------------------------------------------------------------------------------
-  def run(self, program: str, stdin: str = "") -> RunResult:
-    """Runs `program` (Python source) with `stdin` in a fresh sandbox; see the module docstring."""
+  def run(self, program: str, stdin: str = "", side: Optional[bytes] = None) -> RunResult:
+    """Runs `program` (Python source) with `stdin` in a fresh sandbox; see the module docstring. `side`: bytes for
+    the program's main process only, on a file descriptor whose number is its first argument; its second
+    argument is a descriptor whose writes come back as RunResult.side (at most output_kb). Neither is reachable
+    from other processes of the sandbox: its PID 1 closes them, and a process that makes itself non-dumpable
+    keeps them from /proc."""
     cfg = self.cfg
+    source = program.encode("utf-8", "surrogateescape")
+    if len(source) > cfg.file_kb * 1024:  # bubblewrap writes it under RLIMIT_FSIZE: it would fail to start
+      return RunResult("", f"the program is {len(source)} bytes, over sandbox.file_kb ({cfg.file_kb} KiB)", None,
+                       "program_too_large", 0.0)
+    bound = self.memory_bound()
+    bpf = self._filter(bound)
     uid = UID_BASE + os.getpid() if os.geteuid() == 0 else None
     user = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
-    with tempfile.TemporaryFile() as source, tempfile.TemporaryFile() as inp, tempfile.TemporaryFile() as out, \
-        tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as status:
-      source.write(program.encode("utf-8", "surrogateescape"))
-      source.seek(0)
-      inp.write(stdin.encode("utf-8", "surrogateescape"))
-      inp.seek(0)
-      argv = self.command(source.fileno(), status.fileno(), uid)
+    mine, theirs = [], []  # descriptors to close: this process's ends, and the child's (once it has them)
+    cgroup = None
+    try:
+      fds = {"program": _sealed(source, "program"), "seccomp": _sealed(bpf, "seccomp")}
+      theirs += fds.values()
+      stdin_fd = _sealed(stdin.encode("utf-8", "surrogateescape"), "stdin")
+      theirs.append(stdin_fd)
+      pipes = {}
+      for name in ("status", "block", "stdout", "stderr") + (("side",) if side is not None else ()):
+        r, w = os.pipe()
+        pipes[name] = (r, w)
+        mine.append(w if name == "block" else r)
+        theirs.append(r if name == "block" else w)
+      fds["status"], fds["block"] = pipes["status"][1], pipes["block"][0]
+      extra = ()
+      if side is not None:
+        side_in = _sealed(side, "side")
+        theirs.append(side_in)
+        extra = (str(side_in), str(pipes["side"][1]))
+      argv = self.command(fds, uid, extra)
+      if bound.cgroup:
+        try:
+          cgroup = bound.open((cfg.memory_mb + cfg.tmp_mb) * 2**20)
+        except CgroupError as exc:
+          raise SandboxUnavailable(f"sandbox memory bound ({bound.kind}): {exc}") from None
       t0 = time.monotonic()
       with _Subreaper():
-        proc = subprocess.Popen(argv, stdin=inp, stdout=out, stderr=err,
-                                pass_fds=(source.fileno(), status.fileno()), env={"PATH": SANDBOX_PATH}, **user)
-        timed_out = not _wait(proc, cfg.wall_s)
-        if timed_out:
-          self._kill(proc, status)
+        proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=pipes["stdout"][1], stderr=pipes["stderr"][1],
+                                pass_fds=[fd for fd in theirs if fd not in (stdin_fd,)], env={"PATH": SANDBOX_PATH},
+                                **user)
+        for fd in theirs:
+          os.close(fd)
+        theirs = []
+        streams, reported, timed_out, over = self._watch(proc, pipes, cgroup, t0 + cfg.wall_s)
         _, wait_status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(wait_status)
-        reported = _status(status)
         reaper_usage = _reap(reported.get("child-pid"))
       seconds = time.monotonic() - t0
-      stdout, more_out = _read(out, cfg.output_kb * 1024)
-      stderr, _ = _read(err, cfg.output_kb * 1024)
-      full = max(os.fstat(out.fileno()).st_size, os.fstat(err.fileno()).st_size) >= cfg.file_kb * 1024
+      oom = cgroup is not None and cgroup.oom_killed()
+    finally:
+      for fd in mine + theirs:
+        try:
+          os.close(fd)
+        except OSError:
+          pass
+      if cgroup is not None:
+        cgroup.close()
+    stdout, stderr = streams["stdout"].text(), streams["stderr"].text(tail=True)
+    side_out = streams["side"].text() if side is not None else None
     if timed_out:
-      return RunResult(stdout, stderr, None, "timeout_wall", seconds)
+      return RunResult(stdout, stderr, None, "timeout_wall", seconds, side_out)
     if "exit-code" not in reported:
       raise SandboxUnavailable(f"bubblewrap could not start the sandbox (exit status {proc.returncode}): "
                                f"{stderr.strip()[-500:] or 'no message'}. {_FIX}")
     code = int(reported["exit-code"])
+    if oom:
+      return RunResult(stdout, stderr, code, "memory", seconds, side_out)
     cpu_used = sum(u.ru_utime + u.ru_stime for u in (usage, reaper_usage) if u is not None)
-    return RunResult(stdout, stderr, code, self._cause(code, stderr, more_out or full, cpu_used), seconds)
+    over = over or streams["stdout"].total > cfg.output_kb * 1024
+    return RunResult(stdout, stderr, code, self._cause(code, stderr, over, cpu_used), seconds, side_out)
+
+  def _filter(self, bound: MemoryBound) -> bytes:
+    try:
+      return seccomp.filter_bpf(one_address_space=not bound.cgroup)
+    except seccomp.SeccompUnavailable as exc:
+      raise SandboxUnavailable(f"the sandbox's system-call filter: {exc}") from None
+
+  def _watch(self, proc: subprocess.Popen, pipes: dict, cgroup, deadline: float):
+    """Reads the run's pipes until bubblewrap has exited and its pipes are closed. Starts the program once
+    bubblewrap has reported its child (moved into the run's cgroup, oom_score_adj 1000, then one byte on the
+    block pipe). Kills it past `deadline` or once stdout or stderr passes file_kb. -> (streams, bubblewrap's
+    reports, timed out, over the output limit)."""
+    cfg = self.cfg
+    cap = cfg.output_kb * 1024
+    streams = {"stdout": _Stream(cap), "stderr": _Stream(cap, cap), "side": _Stream(cap)}
+    status = bytearray()
+    by_fd = {pipes[name][0]: name for name in pipes if name != "block"}
+    poller = select.poll()
+    for fd in by_fd:
+      poller.register(fd, select.POLLIN)
+    pidfd = os.pidfd_open(proc.pid)
+    poller.register(pidfd, select.POLLIN)
+    started = exited = timed_out = over = False
+    reported: dict = {}
+    try:
+      while by_fd or not exited:
+        left = deadline - time.monotonic()
+        if left <= 0:
+          if exited:  # the program's pipes outlived bubblewrap by KILL_WAIT_S: stop reading
+            break
+          timed_out = True
+          self._kill(proc, reported.get("child-pid"))
+          exited, deadline = True, time.monotonic() + KILL_WAIT_S
+          continue
+        for fd, _ in poller.poll(max(1, int(math.ceil(left * 1000)))):
+          if fd == pidfd:
+            poller.unregister(pidfd)
+            exited, deadline = True, time.monotonic() + KILL_WAIT_S
+            continue
+          data = os.read(fd, 65536)
+          if not data:
+            poller.unregister(fd)
+            del by_fd[fd]
+            continue
+          name = by_fd[fd]
+          if name == "status":
+            status += data
+            reported = _status(bytes(status))
+            if not started and isinstance(reported.get("child-pid"), int):
+              started = True
+              self._start(proc, reported["child-pid"], pipes["block"][1], cgroup)
+            continue
+          streams[name].add(data)
+          if name != "side" and streams[name].total > cfg.file_kb * 1024 and not over:
+            over = True
+            self._kill(proc, reported.get("child-pid"))
+    finally:
+      os.close(pidfd)
+    return streams, reported, timed_out, over
+
+  def _start(self, proc: subprocess.Popen, child: int, block_fd: int, cgroup) -> None:
+    """Bubblewrap's child (the sandbox's PID 1 to be, waiting on --block-fd) joins the run's cgroup and gets
+    oom_score_adj 1000 (the OOM killer takes it and its descendants before anything else), then starts."""
+    try:
+      if cgroup is not None:
+        cgroup.enter(child)
+      try:
+        with open(f"/proc/{child}/oom_score_adj", "w") as f:
+          f.write("1000")
+      except OSError as exc:
+        _warn_once(f"sandbox: cannot set oom_score_adj of the sandbox ({exc}); the OOM killer may pick another "
+                   "process first")
+    except CgroupError as exc:
+      self._kill(proc, child)
+      raise SandboxUnavailable(f"sandbox memory bound: {exc}") from None
+    os.write(block_fd, b"x")
 
   def _cause(self, code: int, stderr: str, over_output: bool, cpu_used: float) -> str:
     if code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL) and (code != 128 + signal.SIGKILL
@@ -355,27 +524,25 @@ class Sandbox:
       return "procs"
     return "nonzero_exit"
 
-  def _kill(self, proc: subprocess.Popen, status) -> None:
-    """SIGKILL to the sandbox's PID 1 (bubblewrap's reaper, which takes its PID namespace down with it), then
-    waits for bubblewrap, which exits once it has reaped it. The reaper is addressed through a pidfd checked to
-    be bubblewrap's child, so a pid reused meanwhile is never signalled. When the reaper is unknown (bubblewrap was
-    still setting up), bubblewrap itself is killed (its reaper follows by --die-with-parent)."""
-    child = _status(status).get("child-pid")
+  def _kill(self, proc: subprocess.Popen, child) -> None:
+    """SIGKILL to the sandbox's PID 1 (bubblewrap's reaper, which takes its PID namespace down with it). The reaper
+    is addressed through a pidfd checked to be bubblewrap's child, so a pid reused meanwhile is never signalled.
+    When the reaper is unknown (bubblewrap was still setting up), bubblewrap itself is killed (its reaper follows
+    by --die-with-parent). The caller goes on reading until bubblewrap has exited."""
     if isinstance(child, int):
       try:
         fd = os.pidfd_open(child)
-      except (AttributeError, OSError):
+      except OSError:
         fd = None
       if fd is not None:
         try:
           if _parent_of(child) == proc.pid:
             signal.pidfd_send_signal(fd, signal.SIGKILL)
+            return
         except (OSError, ValueError, IndexError):
           pass
         finally:
           os.close(fd)
-      if _wait(proc, KILL_WAIT_S):
-        return
     proc.kill()
 
   def check_available(self) -> None:
