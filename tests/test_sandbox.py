@@ -25,7 +25,7 @@ import pytest
 from scalerl_jax import types
 from scalerl_jax.config import ConfigError, RewardConfig
 from scalerl_jax.config.schema import SandboxConfig
-from scalerl_jax.rewards import RewardRunner, code, make_reward_runner, sandbox as sb
+from scalerl_jax.rewards import RewardRunner, code, make_reward_runner, memory as mem, sandbox as sb
 from scalerl_jax.rewards.code import code_reward
 from scalerl_jax.rewards.sandbox import Sandbox, SandboxUnavailable
 
@@ -298,6 +298,160 @@ def test_killing_its_parent_is_contained(box, tmp_path):
   result = box.run(program)
   assert result.ok and result.stdout == "parent was 1\n"  # its parent is the sandbox's PID 1, which ignores it
   assert box.run("print('next')").ok
+
+
+# --- one memory bound per run, host disk, kernel keyrings, system calls, program size --------------------------
+
+HOLD = """import os, signal
+held, pids = 0, []
+for _ in range({n}):
+  r, w = os.pipe()
+  pid = os.fork()
+  if pid == 0:
+    os.close(r)
+    x = b'x' * ({mb} << 20)  # touched: resident
+    os.write(w, b'1')
+    signal.pause()
+  pids.append(pid)
+  os.close(w)
+  held += os.read(r, 1) == b'1'  # b'' when the child was killed first
+print(held)
+for pid in pids:
+  os.kill(pid, signal.SIGKILL)"""
+
+
+@pytest.mark.parametrize("bound", ["auto", "off"])
+def test_processes_share_one_memory_bound(box, tmp_path, bound):
+  """RLIMIT_AS is per process: 3 processes of 0.7 x memory_mb each hold 2.1 x memory_mb without a run-wide bound.
+  With a memory cgroup (auto, where the host allows one) the OOM killer ends the run (cause memory); without one
+  (off) no second process can start (cause procs)."""
+  program = HOLD.format(n=3, mb=LIMITS.memory_mb * 7 // 10)
+  assert unsandboxed(program, tmp_path).stdout == "3\n"  # nothing bounds the sum without the sandbox
+  sandbox = Sandbox(dataclasses.replace(LIMITS, memory_cgroup=bound))
+  result = sandbox.run(program)
+  if sandbox.memory_bound().cgroup:
+    assert result.cause == "memory", result  # the OOM killer of the run's cgroup (only a full cgroup calls it)
+    assert sandbox.run(HOLD.format(n=1, mb=LIMITS.memory_mb // 4)).stdout == "1\n"  # within the bound: fine
+  else:
+    assert result.cause == "procs" and "BlockingIOError" in result.stderr and not result.stdout, result
+    one = sandbox.run(f"x = b'x' * ({LIMITS.memory_mb * 7 // 10} << 20)\nprint(len(x) >> 20)")
+    assert one.stdout == f"{LIMITS.memory_mb * 7 // 10}\n"  # one process may still use memory_mb
+
+
+def test_the_oom_killer_prefers_the_sandbox(box):
+  program = "print(open('/proc/self/oom_score_adj').read().strip())"
+  with open("/proc/self/oom_score_adj") as f:
+    assert f.read().strip() != "1000"  # the caller's (inherited by anything it starts unsandboxed)
+  assert box.run(program).stdout == "1000\n"
+
+
+def test_a_fake_cgroup_v2_gets_the_limit_and_the_sandbox(box, tmp_path):
+  """The cgroup v2 path against a directory that looks like a delegated cgroup (no kernel behind it: the files are
+  what the sandbox writes; on this host `auto` uses whatever memory cgroup the kernel offers, tested above)."""
+  (tmp_path / "cgroup.subtree_control").write_text("cpu memory\n")
+  sandbox = Sandbox(dataclasses.replace(LIMITS, memory_cgroup=str(tmp_path)))
+  assert sandbox.memory_bound().kind == "cgroup2"
+  result = sandbox.run("print('in')")
+  assert result.ok and result.stdout == "in\n"
+  runs = [p for p in tmp_path.iterdir() if p.is_dir()]  # a real cgroup is removed after the run; files stay here
+  assert len(runs) == 2  # the probe's and the run's
+  run = max(runs, key=lambda p: (p / "cgroup.procs").exists())
+  assert (run / "memory.max").read_text() == str((LIMITS.memory_mb + LIMITS.tmp_mb) * 2**20)
+  assert int((run / "cgroup.procs").read_text()) > 0  # the sandbox's PID 1, moved in before the program started
+  (run / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+  assert mem.RunCgroup(str(run), 2).oom_killed()
+  with pytest.raises(SandboxUnavailable, match="sandbox.memory_cgroup: .* is neither"):
+    Sandbox(dataclasses.replace(LIMITS, memory_cgroup=str(tmp_path / "nothing"))).memory_bound()
+
+
+FALLOCATE = """import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+done = [fd for fd in (0, 1, 2) if libc.fallocate(fd, 1, 0, 16 << 20) == 0]  # FALLOC_FL_KEEP_SIZE, 16 MiB
+os.write(1, f'reserved on {done}\\n'.encode())"""
+
+
+def test_stdio_cannot_reserve_host_disk(box, tmp_path):
+  """stdin, stdout and stderr are a sealed memfd and pipes: fallocate(KEEP_SIZE) on them fails. On regular files
+  (what they were) it reserves disk that RLIMIT_FSIZE does not see."""
+  paths = [tmp_path / name for name in ("in", "out", "err")]
+  paths[0].write_text("")
+  (tmp_path / "main.py").write_text(FALLOCATE)
+  with open(paths[0], "r+") as i, open(paths[1], "w") as o, open(paths[2], "w") as e:
+    subprocess.run([LIMITS.python, "-I", "-B", str(tmp_path / "main.py")], stdin=i, stdout=o, stderr=e, timeout=60)
+  assert paths[1].read_text() == "reserved on [0, 1, 2]\n"
+  assert all(p.stat().st_size <= 64 and p.stat().st_blocks * 512 >= 16 << 20 for p in paths[1:])
+  result = box.run(FALLOCATE)
+  assert result.ok and result.stdout == "reserved on []\n", result
+
+
+KEYS = """import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+SESSION = ctypes.c_long(-3)  # KEY_SPEC_SESSION_KEYRING
+if sys.argv[1:] == ['plant'] or {plant!r}:
+  if libc.syscall(248, b'user', b'{name}-planted', b'x', 1, SESSION) < 0:  # add_key
+    raise OSError(ctypes.get_errno(), 'add_key')
+  print('planted')
+else:
+  key = libc.syscall(250, 10, SESSION, b'user', b'{name}', 0)  # keyctl(KEYCTL_SEARCH)
+  if key < 0:
+    raise OSError(ctypes.get_errno(), 'keyctl search')
+  buf = ctypes.create_string_buffer(64)
+  n = libc.syscall(250, 11, ctypes.c_long(key), buf, 64)  # keyctl(KEYCTL_READ)
+  print(buf.raw[:n].decode())"""
+
+
+def _keyctl(*args) -> int:
+  import ctypes
+
+  libc = ctypes.CDLL(None, use_errno=True)
+  return libc.syscall(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+
+
+def test_the_callers_keyring_is_out_of_reach(box, tmp_path):
+  """A key in the caller's session keyring (pam_keyinit gives SSH logins and services one) is readable by
+  anything the caller starts, and a key such a process adds lands in it; keyctl and add_key fail in the sandbox
+  (seccomp: EPERM)."""
+  name = f"scalerl-probe-{os.getpid()}"
+  key = _keyctl(248, b"user", name.encode(), b"SECRET", 6, -3)  # add_key to this process's session keyring
+  if key < 0:
+    pytest.skip("this host refuses add_key (no kernel keyrings here)")
+  try:
+    for plant in (False, True):
+      program = KEYS.format(name=name, plant=plant)
+      plain = unsandboxed(program, tmp_path)
+      assert plain.stdout == ("planted\n" if plant else "SECRET\n"), plain.stderr  # both work without it
+      planted = _keyctl(250, 10, -3, b"user", f"{name}-planted".encode(), 0)
+      assert (planted > 0) == plant
+      if planted > 0:
+        _keyctl(250, 9, planted, -3)  # KEYCTL_UNLINK
+      result = box.run(program)
+      assert result.cause == "nonzero_exit" and "PermissionError: [Errno 1]" in result.stderr, result
+      assert "SECRET" not in result.stdout and _keyctl(250, 10, -3, b"user", f"{name}-planted".encode(), 0) < 0
+  finally:
+    _keyctl(250, 9, key, -3)
+
+
+@pytest.mark.parametrize("call", ["ptrace", "bpf", "perf_event_open", "mount"])
+def test_kernel_interfaces_a_program_has_no_use_for_are_refused(box, call):
+  """Without the filter ptrace attaches to the sandbox's PID 1 and the others fail only once the kernel has looked
+  at their arguments (EINVAL, EFAULT); with it each is EPERM before the kernel does anything (x86_64 numbers)."""
+  number, args = {"ptrace": (101, "16, 1, 0, 0"), "bpf": (321, "0, 0, 0"), "perf_event_open": (298, "0, 0, -1, -1, 0"),
+                  "mount": (165, "0, 0, 0, 0, 0")}[call]
+  program = (f"import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\nrc = libc.syscall({number}, {args})\n"
+             "print(rc, errno.errorcode.get(ctypes.get_errno()))")
+  assert box.run(program).stdout == "-1 EPERM\n"
+
+
+def test_a_program_over_the_file_size_limit_is_scored_not_raised(configured):
+  """bubblewrap writes the program under RLIMIT_FSIZE: one over file_kb made it fail, which read as a missing
+  sandbox and stopped the run. Now it is a failed run with its own cause."""
+  huge = "print(1)\n#" + "x" * (2 * LIMITS.file_kb * 1024)
+  result = code_reward(fenced(huge), stdio(["", "1"]))
+  assert (result, result.cause, result.success) == (0.0, "program_too_large", False)
+  asserts = code_reward(fenced(huge), json.dumps({"asserts": ["assert True"]}))
+  assert asserts.cause == "program_too_large"
+  assert code_reward(fenced("print(1)"), stdio(["", "1"])) == 1.0
 
 
 # --- through the reward pool: isolation "process", per-task dispatch, counted by cause ---------------------------

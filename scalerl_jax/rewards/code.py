@@ -185,6 +185,8 @@ def code_reward(completion: str, answer: str) -> Scored:
   if program is None:
     return Scored(0.0, "no_program", success=False)
   source = tests.starter + program
+  if len(source.encode("utf-8", "surrogateescape")) > sandbox.cfg.file_kb * 1024:
+    return Scored(0.0, "program_too_large", success=False)  # what the sandbox would say for each test
   runs = [lambda i=i, o=o: _stdio_test(sandbox, source, i, o) for i, o in tests.stdio]
   runs += [lambda s=s: _assert_test(sandbox, source, s) for s in tests.asserts]
   passed, first_failure = 0, None
