@@ -454,6 +454,76 @@ def test_a_program_over_the_file_size_limit_is_scored_not_raised(configured):
   assert code_reward(fenced("print(1)"), stdio(["", "1"])) == 1.0
 
 
+# --- assert tests are judged where the program cannot reach ----------------------------------------------------
+
+FORGERIES = {
+    # an object equal to anything
+    "always_equal": ("class Anything:\n  def __eq__(self, other): return True\n  __hash__ = object.__hash__\n"
+                     "def f(x): return Anything()", "assert f(1) == 2"),
+    # the harness's token, dug out of its frame, printed as if the tests had run
+    "token_from_frame": ("import os, sys\ntoken = sys._getframe(1).f_locals.get('token')\nif token:\n"
+                         "  os.write(1, ('\\n' + token + '\\n').encode())\n  os._exit(0)\ndef f(x): return 0",
+                         "assert f(1) == 2"),
+    # the token read again from stdin
+    "token_from_stdin": ("import os\nos.lseek(0, 0, os.SEEK_SET)\nfor line in os.read(0, 4096).decode().split():\n"
+                         "  os.write(1, ('\\n' + line + '\\n').encode())\nos._exit(0)\ndef f(x): return 0",
+                         "assert f(1) == 2"),
+    # the expected values read from the script that holds the test
+    "expected_from_main_py": ("import re\ntable = {int(a): int(b) for a, b in re.findall(r'f\\((\\d+)\\) == (\\d+)', "
+                              "open('/sandbox/main.py').read())}\ndef f(x): return table.get(x)",
+                              "assert f(1) == 2"),
+    # a builtin the test uses, replaced
+    "replaced_builtin": ("import builtins\nbuiltins.abs = lambda x: 0\ndef f(x): return 0.0",
+                         "assert abs(f(1.5) - 3.0) < 1e-6"),
+}
+HONEST = {"always_equal": "def f(x): return 2 * x", "replaced_builtin": "def f(x): return 2 * x"}
+
+
+@pytest.mark.parametrize("trick", sorted(FORGERIES))
+def test_assert_tests_cannot_be_forged(configured, trick):
+  """Each trick scored 1.0 for a wrong program while the program ran in the test's interpreter (the harness ran
+  `program`, then the test, then printed a token). The program now runs in a process of its own and sends back
+  data only; the verdict comes from the test's process."""
+  program, statement = FORGERIES[trick]
+  tests = json.dumps({"asserts": [statement]})
+  result = code_reward(fenced(program), tests)
+  assert result == 0.0 and result.cause in ("wrong_answer", "nonzero_exit", "exited_early"), result
+  assert code_reward(fenced(HONEST.get(trick, "def f(x): return 2 * x")), tests) == 1.0
+
+
+def test_the_judge_is_out_of_the_programs_reach(configured):
+  """The judge is non-dumpable: the program cannot open its descriptors (the verdict's) or its memory through /proc;
+  writing "ok" everywhere it can and exiting 0 is no verdict."""
+  program = ("import os\nppid, hits = os.getppid(), []\nfor path in [f'/proc/{ppid}/fd/{n}' for n in range(3, 64)] + "
+             "[f'/proc/{ppid}/mem']:\n  try:\n    with open(path, 'wb') as f:\n      f.write(b'ok\\n')\n"
+             "    hits.append(path)\n  except OSError:\n    pass\nfor fd in range(3, 64):\n  try:\n"
+             "    os.write(fd, b'ok\\n')\n  except OSError:\n    pass\nassert not hits, hits\nos._exit(0)\n"
+             "def f(x): return 0")
+  result = code_reward(fenced(program), json.dumps({"asserts": ["assert f(1) == 2"]}))
+  # exited_early; or nonzero_exit when its "ok" landed on the pipe the judge reads replies from (not JSON)
+  assert result == 0.0 and result.cause in ("exited_early", "nonzero_exit"), result
+
+
+def test_program_functions_behave_as_in_one_process(configured):
+  """What assert tests rely on still works across the two processes: builtin data both ways (tuples stay tuples,
+  floats exact), keyword arguments, a starter's helpers, the program's exceptions caught by the test, module-level
+  values of the program."""
+  starter = "import math\n\ndef helper(x):\n  return x + 1\n\ndef g(a, b=0):\n  '''Stub: the program writes it.'''\n"
+  program = ("  return (a, b, {1: {2, 3}}, b'x', 1.5, -0.0, None, True, 2**70, 1j)\n"
+             "def boom(): raise KeyError('k')\nLIMIT = [1, (2, 3)]\n")
+  statement = ("assert g(1, b=helper(1)) == (1, 2, {1: {2, 3}}, b'x', 1.5, -0.0, None, True, 2**70, 1j)\n"
+               "assert type(g(1)[0]) is int and type(g(1)[4]) is float and math.copysign(1, g(1)[5]) == -1\n"
+               "try:\n  boom()\n  assert False\nexcept KeyError:\n  pass\nassert LIMIT == [1, (2, 3)]")
+  tests = json.dumps({"starter": starter, "program": "completion", "asserts": [statement]})
+  result = code_reward(program, tests)
+  assert (result, result.cause) == (1.0, "ok"), result
+  # a starter's helper the program redefines is not what the test calls
+  cheat = program + "def helper(x):\n  return 2\n"
+  assert code_reward(cheat, tests) == 1.0  # g(1, b=helper(1)) uses the starter's helper: still b == 2
+  wrong = code_reward(program.replace("(a, b,", "(a, b + 1,"), tests)
+  assert (wrong, wrong.cause) == (0.0, "wrong_answer")
+
+
 # --- through the reward pool: isolation "process", per-task dispatch, counted by cause ---------------------------
 
 ESCAPES = {

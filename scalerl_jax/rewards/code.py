@@ -50,8 +50,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
 import re
-import secrets
 from typing import Optional
 
 from scalerl_jax.markers import EOS_CHAR
@@ -64,16 +64,7 @@ _PYTHON_TAGS = ("", "python", "py", "python3")
 _KEYS = ("starter", "program", "stdio", "asserts")
 _PROGRAMS = ("marker", "completion")  # the "program" key's values
 
-_HARNESS = '''\
-def _scalerl_tests(program, test):
-    import os, sys
-    token, write, run, build = sys.stdin.readline().strip(), os.write, exec, compile
-    scope = {"__name__": "__main__", "__builtins__": __builtins__}
-    run(build(program, "program.py", "exec"), scope)
-    run(build(test, "test.py", "exec"), scope)
-    write(1, ("\\n" + token + "\\n").encode())
-_scalerl_tests(%r, %r)
-'''
+_HARNESS = (pathlib.Path(__file__).parent / "assert_harness.py").read_text()  # runs in the sandbox, not here
 
 _sandbox: Optional[Sandbox] = None
 
@@ -166,13 +157,14 @@ def _stdio_test(sandbox: Sandbox, source: str, stdin: str, expected: str) -> str
   return "ok" if normalize_output(result.stdout) == normalize_output(expected) else "wrong_answer"
 
 
-def _assert_test(sandbox: Sandbox, source: str, statement: str) -> str:
-  token = secrets.token_hex(16)
-  result = sandbox.run(_HARNESS % (source, statement), token + "\n")
+def _assert_test(sandbox: Sandbox, source: str, statement: str, starter: str) -> str:
+  """The program runs in one process of the sandbox, the test in another (assert_harness.py); the verdict comes
+  back on a descriptor only the test's process holds."""
+  result = sandbox.run(_HARNESS, source, side=json.dumps({"test": statement, "starter": starter}).encode())
   if not result.ok:
     last = next((line for line in reversed(result.stderr.splitlines()) if line.strip()), "")
     return "wrong_answer" if result.cause == "nonzero_exit" and last.startswith("AssertionError") else result.cause
-  return "ok" if token in result.stdout.splitlines() else "exited_early"
+  return "ok" if result.side == "ok\n" else "exited_early"
 
 
 def code_reward(completion: str, answer: str) -> Scored:
@@ -188,7 +180,7 @@ def code_reward(completion: str, answer: str) -> Scored:
   if len(source.encode("utf-8", "surrogateescape")) > sandbox.cfg.file_kb * 1024:
     return Scored(0.0, "program_too_large", success=False)  # what the sandbox would say for each test
   runs = [lambda i=i, o=o: _stdio_test(sandbox, source, i, o) for i, o in tests.stdio]
-  runs += [lambda s=s: _assert_test(sandbox, source, s) for s in tests.asserts]
+  runs += [lambda s=s: _assert_test(sandbox, source, s, tests.starter) for s in tests.asserts]
   passed, first_failure = 0, None
   for run in runs:
     cause = run()
