@@ -30,7 +30,8 @@ from scalerl_jax.rewards.code import code_reward
 from scalerl_jax.rewards.sandbox import Sandbox, SandboxUnavailable
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-LIMITS = SandboxConfig(cpu_s=1.0, wall_s=30.0, memory_mb=256, max_procs=16, file_kb=256, output_kb=16, tmp_mb=4)
+LIMITS = SandboxConfig(cpu_s=1.0, wall_s=30.0, memory_mb=256, max_procs=16, file_kb=256, output_kb=16, tmp_mb=4,
+                       tmp_files=256)
 F = "```"
 
 
@@ -362,6 +363,20 @@ def test_a_fake_cgroup_v2_gets_the_limit_and_the_sandbox(box, tmp_path):
   assert mem.RunCgroup(str(run), 2).oom_killed()
   with pytest.raises(SandboxUnavailable, match="sandbox.memory_cgroup: .* is neither"):
     Sandbox(dataclasses.replace(LIMITS, memory_cgroup=str(tmp_path / "nothing"))).memory_bound()
+
+
+def test_files_in_its_tmp_are_capped(box, tmp_path):
+  """A tmpfs caps bytes, not files: empty files cost kernel memory only (about 1 KiB each). The sandbox's /tmp
+  holds at most tmp_files inodes (root trainers: tmpfs.py)."""
+  if os.geteuid() != 0:
+    pytest.skip("the inode cap needs a root trainer (it mounts the tmpfs itself)")
+  program = ("import os\nmade = 0\ntry:\n  for i in range(%d):\n    open(f'f{i}', 'w').close()\n    made += 1\n"
+             "except OSError as exc:\n  print(exc.strerror)\nprint(made)" % (LIMITS.tmp_files + 100))
+  assert unsandboxed(program, tmp_path).stdout == f"{LIMITS.tmp_files + 100}\n"
+  result = box.run(program)
+  assert result.ok and result.stdout.splitlines()[0] == "No space left on device", result
+  assert int(result.stdout.splitlines()[1]) < LIMITS.tmp_files
+  assert not [p for p in os.listdir(f"/tmp/scalerl-sandbox-{os.getpid()}")]  # unmounted and removed after the run
 
 
 FALLOCATE = """import ctypes, os

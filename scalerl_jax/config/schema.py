@@ -257,6 +257,7 @@ class SandboxConfig:
   open_files: int = 64  # RLIMIT_NOFILE
   output_kb: int = 64  # bytes of stdout / stderr read back
   tmp_mb: int = 16  # its private writable /tmp (tmpfs)
+  tmp_files: int = 4096  # files and directories its /tmp may hold (tmpfs nr_inodes; needs a root trainer: tmpfs.py)
   partial_credit: bool = False  # reward = fraction of tests passed (else 1 only when all pass)
   marker: str = "|"  # without a fenced block, the program is the text after the last marker (up to '$')
   # one memory bound per run over all its processes (rewards/memory.py): "auto" (a delegated cgroup v2, else the

@@ -58,6 +58,7 @@ bubblewrap's message: that is the machine's problem, not the program's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -74,7 +75,7 @@ import time
 from typing import Optional, Sequence
 
 from scalerl_jax.errors import UserError
-from scalerl_jax.rewards import seccomp
+from scalerl_jax.rewards import seccomp, tmpfs
 from scalerl_jax.rewards.memory import CgroupError, MemoryBound
 
 CAUSES = ("ok", "nonzero_exit", "timeout_wall", "cpu_limit", "memory", "procs", "output_limit", "killed",
@@ -336,17 +337,18 @@ class Sandbox:
         raise SandboxUnavailable(str(exc)) from None
     return _bounds[key]
 
-  def command(self, fds: dict, uid: Optional[int] = None, argv: Sequence[str] = ()) -> list[str]:
+  def command(self, fds: dict, uid: Optional[int] = None, argv: Sequence[str] = (), tmp: Optional[str] = None
+              ) -> list[str]:
     """The argv of one run. `fds`: "program" (read by bubblewrap into /sandbox/main.py), "status" (bubblewrap's
     JSON reports), "block" (bubblewrap's child waits for a byte on it before it starts the program), "seccomp" (the
     filter); `uid`: the uid it runs as when the caller is root (None: the caller's); `argv`: the program's
-    arguments."""
+    arguments; `tmp`: a host directory to bind at /tmp (tmpfs.py), else bubblewrap's own tmpfs of tmp_mb."""
     bwrap, prlimit, python = self._tools()
     return [prlimit, *self._limits(uid), "--",
             bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--hostname", "sandbox", *self._mounts(python),
             "--proc", "/proc", "--dev", "/dev",
-            "--size", str(self.cfg.tmp_mb * 2**20), "--tmpfs", "/tmp",
+            *(["--bind", tmp, "/tmp"] if tmp else ["--size", str(self.cfg.tmp_mb * 2**20), "--tmpfs", "/tmp"]),
             "--ro-bind-data", str(fds["program"]), "/sandbox/main.py",
             "--remount-ro", "/dev", "--remount-ro", "/",
             "--chdir", "/tmp", "--clearenv", "--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", "/tmp",
@@ -372,7 +374,12 @@ class Sandbox:
     user = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
     mine, theirs = [], []  # descriptors to close: this process's ends, and the child's (once it has them)
     cgroup = None
-    try:
+    with contextlib.ExitStack() as stack:
+      tmp = stack.enter_context(tmpfs.private_tmp(cfg.tmp_mb * 2**20, cfg.tmp_files))
+      if tmp is None:
+        _warn_once("sandbox: cannot mount a tmpfs with an inode cap (needs root): the sandbox's /tmp caps bytes "
+                   "only; its files are bounded by the run's memory cgroup where there is one")
+      stack.callback(self._close, mine, theirs, lambda: cgroup)
       fds = {"program": _sealed(source, "program"), "seccomp": _sealed(bpf, "seccomp")}
       theirs += fds.values()
       stdin_fd = _sealed(stdin.encode("utf-8", "surrogateescape"), "stdin")
@@ -389,7 +396,7 @@ class Sandbox:
         side_in = _sealed(side, "side")
         theirs.append(side_in)
         extra = (str(side_in), str(pipes["side"][1]))
-      argv = self.command(fds, uid, extra)
+      argv = self.command(fds, uid, extra, tmp)
       if bound.cgroup:
         try:
           cgroup = bound.open((cfg.memory_mb + cfg.tmp_mb) * 2**20)
@@ -398,25 +405,16 @@ class Sandbox:
       t0 = time.monotonic()
       with _Subreaper():
         proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=pipes["stdout"][1], stderr=pipes["stderr"][1],
-                                pass_fds=[fd for fd in theirs if fd not in (stdin_fd,)], env={"PATH": SANDBOX_PATH},
-                                **user)
+                                pass_fds=[fd for fd in theirs if fd != stdin_fd], env={"PATH": SANDBOX_PATH}, **user)
         for fd in theirs:
           os.close(fd)
-        theirs = []
+        theirs.clear()
         streams, reported, timed_out, over = self._watch(proc, pipes, cgroup, t0 + cfg.wall_s)
         _, wait_status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(wait_status)
         reaper_usage = _reap(reported.get("child-pid"))
       seconds = time.monotonic() - t0
       oom = cgroup is not None and cgroup.oom_killed()
-    finally:
-      for fd in mine + theirs:
-        try:
-          os.close(fd)
-        except OSError:
-          pass
-      if cgroup is not None:
-        cgroup.close()
     stdout, stderr = streams["stdout"].text(), streams["stderr"].text(tail=True)
     side_out = streams["side"].text() if side is not None else None
     if timed_out:
@@ -430,6 +428,16 @@ class Sandbox:
     cpu_used = sum(u.ru_utime + u.ru_stime for u in (usage, reaper_usage) if u is not None)
     over = over or streams["stdout"].total > cfg.output_kb * 1024
     return RunResult(stdout, stderr, code, self._cause(code, stderr, over, cpu_used), seconds, side_out)
+
+  @staticmethod
+  def _close(mine: list, theirs: list, cgroup) -> None:
+    for fd in mine + theirs:
+      try:
+        os.close(fd)
+      except OSError:
+        pass
+    if cgroup() is not None:
+      cgroup().close()
 
   def _filter(self, bound: MemoryBound) -> bytes:
     try:
