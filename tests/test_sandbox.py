@@ -550,6 +550,7 @@ ESCAPES = {
     "print": ("import sys\nwhile True: sys.stdout.write('x' * 65536)", "output_limit"),
     "segfault": ("import ctypes; ctypes.string_at(0)", "killed"),
     "forks": ("import os, time\nwhile True:\n  if os.fork() == 0: time.sleep(1000)", "procs"),
+    "huge": ("print('ok')\n#" + "x" * (2 << 20), "program_too_large"),  # a batch of these raised RewardError
 }
 
 
@@ -585,6 +586,7 @@ def test_escapes_through_the_pool_are_scored_counted_and_the_run_goes_on(box):
             if k.startswith("reward/code/cause/")} == expected
     assert metrics["reward/calls"] == n + 3 and metrics["reward/code/calls"] == n + 2
     assert metrics["reward/errors"] == metrics["reward/timeouts"] == 0
+    assert metrics["reward/code/sandbox_memory_cgroup"] == float(Sandbox(LIMITS).memory_bound().cgroup)
     assert metrics["reward/code/queue"] == n + 2 and metrics["reward/code/score_s"] > 0
     assert not (ROOT / "escaped.txt").exists()
     with pytest.raises(ConfigError, match="task 'poetry'.*code, math"):

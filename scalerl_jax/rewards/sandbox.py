@@ -554,8 +554,10 @@ class Sandbox:
     proc.kill()
 
   def check_available(self) -> None:
-    """Runs a trivial program in a sandbox; SandboxUnavailable saying how to fix it unless that works."""
+    """Runs a trivial program in a sandbox; SandboxUnavailable saying how to fix it unless that works. Logs how a
+    run's memory is bounded here."""
     result = self.run("print(6 * 7)")
+    logging.getLogger(__name__).info("sandbox: memory bound per run: %s", self.memory_bound().describe())
     if result.cause != "ok" or result.stdout.strip() != "42":
       uid_note = (f" (as root the sandbox runs as uid {UID_BASE}+pid: sandbox.python {self.cfg.python!r} and its "
                   "libraries must be readable by any user)" if os.geteuid() == 0 else "")
