@@ -210,10 +210,11 @@ def test_the_network_is_unreachable(box, tmp_path, attempt):
 
 def test_fork_bombs_are_bounded(box, tmp_path):
   cap = LIMITS.max_procs + 5
-  program = ("import os, signal, time\npids = []\ntry:\n  while len(pids) < %d:\n    pid = os.fork()\n"
-             "    if pid == 0:\n      time.sleep(1000)\n    pids.append(pid)\nexcept BlockingIOError:\n  pass\n"
-             "print(len(pids))\nfor pid in pids: os.kill(pid, signal.SIGKILL)" % cap)
-  assert unsandboxed(program, tmp_path).stdout == f"{cap}\n"  # without the sandbox nothing refuses the forks
+  # threads: RLIMIT_NPROC counts them as processes, and they start with or without a memory cgroup (memory.py)
+  program = ("import os, threading, time\nthreads = []\ntry:\n  while len(threads) < %d:\n"
+             "    threads.append(threading.Thread(target=time.sleep, args=(1000,), daemon=True))\n"
+             "    threads[-1].start()\nexcept RuntimeError:\n  threads.pop()\nprint(len(threads), flush=True)\nos._exit(0)" % cap)
+  assert unsandboxed(program, tmp_path).stdout == f"{cap}\n"  # without the sandbox nothing refuses them
   counted = box.run(program)
   assert counted.ok and 0 < int(counted.stdout) < LIMITS.max_procs  # refused below max_procs (bwrap's two count)
   bomb = Sandbox(dataclasses.replace(LIMITS, wall_s=2.0)).run(
@@ -256,9 +257,9 @@ def test_an_infinite_loop_hits_the_cpu_limit(box):
 def test_sleeping_past_the_wall_limit_is_killed_with_its_whole_tree(tmp_path):
   marker = f"scalerl-sandbox-sleeper-{os.getpid()}"
   quick = Sandbox(dataclasses.replace(LIMITS, wall_s=1.0))
-  program = ("import signal, subprocess, sys, time\n"
-             f"subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, "
-             f"signal.SIG_IGN); time.sleep(1000)  # {marker}'], start_new_session=True)\n"
+  program = ("import signal, subprocess, sys, time\ntry:\n"  # no new process without a memory cgroup
+             f"  subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, "
+             f"signal.SIG_IGN); time.sleep(1000)  # {marker}'], start_new_session=True)\nexcept OSError:\n  pass\n"
              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(1000)")
   try:
     quick.check_available()
@@ -321,11 +322,15 @@ for pid in pids:
   os.kill(pid, signal.SIGKILL)"""
 
 
-@pytest.mark.parametrize("bound", ["auto", "off"])
+@pytest.mark.parametrize("bound", ["auto", "off", "cgroup1"])
 def test_processes_share_one_memory_bound(box, tmp_path, bound):
   """RLIMIT_AS is per process: 3 processes of 0.7 x memory_mb each hold 2.1 x memory_mb without a run-wide bound.
-  With a memory cgroup (auto, where the host allows one) the OOM killer ends the run (cause memory); without one
-  (off) no second process can start (cause procs)."""
+  With a memory cgroup (auto where cgroup v2 is delegated; this process's v1 memory cgroup, given explicitly) the
+  OOM killer ends the run (cause memory); without one (off, auto elsewhere) no second process starts (procs)."""
+  if bound == "cgroup1":
+    bound = mem.v1_memory_cgroup()
+    if bound is None or not os.access(bound, os.W_OK):
+      pytest.skip("no writable cgroup v1 memory cgroup here")
   program = HOLD.format(n=3, mb=LIMITS.memory_mb * 7 // 10)
   assert unsandboxed(program, tmp_path).stdout == "3\n"  # nothing bounds the sum without the sandbox
   sandbox = Sandbox(dataclasses.replace(LIMITS, memory_cgroup=bound))
@@ -337,6 +342,19 @@ def test_processes_share_one_memory_bound(box, tmp_path, bound):
     assert result.cause == "procs" and "BlockingIOError" in result.stderr and not result.stdout, result
     one = sandbox.run(f"x = b'x' * ({LIMITS.memory_mb * 7 // 10} << 20)\nprint(len(x) >> 20)")
     assert one.stdout == f"{LIMITS.memory_mb * 7 // 10}\n"  # one process may still use memory_mb
+
+
+def test_without_a_cgroup_an_assert_tests_program_cannot_fork_either(box):
+  """The harness forks the program's process (trusted code: bubblewrap's filter lets it); that process applies
+  the filter without new processes to itself before the program runs."""
+  code.configure(dataclasses.replace(LIMITS, memory_cgroup="off"))
+  try:
+    tests = json.dumps({"asserts": ["assert f(1) == 2"]})
+    assert code_reward(fenced("def f(x): return 2 * x"), tests) == 1.0
+    forks = code_reward(fenced("import os\nos.fork()\ndef f(x): return 2 * x"), tests)
+    assert (forks, forks.cause) == (0.0, "procs")
+  finally:
+    code._sandbox = None
 
 
 def test_the_oom_killer_prefers_the_sandbox(box):
@@ -602,9 +620,9 @@ def test_the_pool_keeps_scoring_after_a_worker_is_killed(box):
   pool; bubblewrap dies with the worker (--die-with-parent) and the next batch runs on a fresh worker."""
   marker = f"scalerl-sandbox-orphan-{os.getpid()}"
   slow = dataclasses.replace(LIMITS, wall_s=1000.0, cpu_s=1000.0)
-  program = ("import subprocess, sys, time\n"
-             f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1000)  # {marker}'])\n"
-             "time.sleep(1000)")
+  program = ("import subprocess, sys, time\ntry:\n"  # no new process where the memory bound is one address space
+             f"  subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1000)  # {marker}'])\n"
+             "except OSError:\n  pass\ntime.sleep(1000)")
   answer = stdio(["", "ok"])
   with RewardRunner(code_reward, timeout_s=2.0, workers=2, sandbox=slow) as runner:
     batch = runner.score_batch([fenced(program), fenced("print('ok')")], [answer, answer])

@@ -260,9 +260,9 @@ class SandboxConfig:
   tmp_files: int = 4096  # files and directories its /tmp may hold (tmpfs nr_inodes; needs a root trainer: tmpfs.py)
   partial_credit: bool = False  # reward = fraction of tests passed (else 1 only when all pass)
   marker: str = "|"  # without a fenced block, the program is the text after the last marker (up to '$')
-  # one memory bound per run over all its processes (rewards/memory.py): "auto" (a delegated cgroup v2, else the
-  # cgroup v1 memory hierarchy when writable, else one address space: no new processes), "off" (one address space)
-  # or the directory of a cgroup to make each run's cgroup in
+  # one memory bound per run over all its processes (rewards/memory.py): "auto" (this process's cgroup v2 when
+  # delegated, else one address space: no new processes), "off" (one address space) or the directory of a cgroup
+  # (v2, or a v1 memory cgroup) to make each run's cgroup in
   memory_cgroup: str = "auto"
 
 

@@ -18,6 +18,10 @@ __eq__ cannot cross). Names of the starter (the item's trusted prefix) come from
 stubs (a function whose body is only a docstring or pass: the program's to write), so a program cannot redefine a
 helper the test relies on (HumanEval's poly, encode_cyclic).
 
+Without a memory cgroup the program's process applies to itself, first, the seccomp filter that refuses new
+processes (argv[3], sandbox.py), and the judge caps its own address space at what it holds plus 64 MiB: the run
+holds at most memory_mb (the program) plus that.
+
 Exit statuses mirror the program's: a program that dies of a signal or exits non-zero makes the judge do the same
 (cpu_limit, memory, ... keep their meaning); one that exits 0 before the tests ran leaves no verdict (exited_early).
 An exception the program's function raised is raised again in the test as the builtin exception of that name
@@ -74,6 +78,32 @@ def _decode(data):
   raise ValueError("malformed value from the program")
 
 
+def _confine(filter_fd):
+  """Applies the seccomp filter on `filter_fd` (sandbox.py: no new processes, without a memory cgroup) to this
+  process before it runs a line of the program; exits when that fails (every test then fails)."""
+  if filter_fd == "-":
+    return
+  import ctypes
+
+  fd = int(filter_fd)
+  data = b""
+  while True:
+    chunk = os.read(fd, 1 << 16)
+    if not chunk:
+      break
+    data += chunk
+  os.close(fd)
+
+  class Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+  prog = Program(len(data) // 8, data)
+  libc = ctypes.CDLL(None, use_errno=True)
+  if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+    os.write(2, b"harness: cannot apply the seccomp filter to the program's process\n")
+    os._exit(1)
+
+
 def _serve(program, requests, replies):
   """The program's process: runs the program, then answers the judge until it closes the pipe."""
   import json
@@ -128,7 +158,9 @@ def _judge():
   import json
   import signal
 
-  test_fd, verdict_fd = int(sys.argv[1]), int(sys.argv[2])
+  import resource
+
+  test_fd, verdict_fd, filter_fd = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
   if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0
     raise SystemExit("harness: prctl(PR_SET_DUMPABLE) failed")
   program = sys.stdin.read()
@@ -141,10 +173,17 @@ def _judge():
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
+    _confine(filter_fd)
     _serve(program, requests_r, replies_w)
   os.close(requests_r)
   os.close(replies_w)
+  if filter_fd != "-":
+    os.close(int(filter_fd))
   del program
+  # the judge's own memory: what it has now and 64 MiB for the program's replies (the program has memory_mb)
+  with open("/proc/self/statm") as f:
+    size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") + (64 << 20)
+  resource.setrlimit(resource.RLIMIT_AS, (size, size))
   chunks = []
   while True:
     chunk = os.read(test_fd, 1 << 16)

@@ -27,16 +27,24 @@ with the per-test limits of the `sandbox` config group:
     cause ok (exit status 0 within every limit) and its stdout equals the expected output after stripping trailing
     whitespace from every line and dropping trailing empty lines. A program that prints the right output but exits
     non-zero FAILS (cause nonzero_exit): a crash after printing is still a crash.
-  - asserts: a small harness runs `starter + program`, then the statement, in one namespace; it passes when the
-    run ends with cause ok and the harness printed a per-run random token after the statement: an exit before the
-    tests ran (sys.exit(0), os._exit(0), a replaced builtin `exec`) cannot pass. An assert that fails is cause
-    wrong_answer. Limits of this check: the program runs in the same interpreter as its tests, so a program that
-    digs the token out of the harness's frame, or returns an object whose __eq__ is always true, is not stopped;
-    stdio tests have neither weakness.
+  - asserts: the program runs in one process of the sandbox and the statement in another (assert_harness.py):
+    the test's process forks the program's before it reads the test, runs the statement with the real builtins,
+    and each program function the statement names is a stub that sends the call over a pipe; only builtin data
+    (None, bool, int, float, complex, str, bytes and lists, tuples, dicts, sets of them, exact types) comes back.
+    Names the starter defines come from the test's own run of the starter, except stubs (a function with only a
+    docstring) and what its last statement binds (the program continues it). It passes when the run ends with
+    cause ok and the test's process wrote "ok" on a descriptor that only it holds. An assert that fails is cause
+    wrong_answer; a program that exits 0 before the tests ran (sys.exit(0), os._exit(0)) is exited_early. What
+    the program cannot do any more: return an object whose __eq__ is always true, replace a builtin or module
+    function the test uses, read the test or a token (there is none) from the harness's frame, stdin or
+    /sandbox/main.py, or print the verdict itself. What an assert test cannot do: pass a function or object of
+    its own to the program, or get back anything but builtin data (such a test fails). A program over file_kb is
+    program_too_large before any test runs.
 Reward: 1.0 when every test passes, else 0.0; with `sandbox.partial_credit` the fraction passed. Without partial
 credit the tests stop at the first failure. Success (pass rates, No-Positive-Resampling) is "every test passed"
 either way: the result carries it (`Scored.success`), so 2 of 3 tests passed (0.67) is not solved. The cause is
-"ok" when every test passed, else that of the first failing test: a sandbox cause (sandbox.CAUSES), wrong_answer
+"ok" when every test passed, else that of the first failing test: a sandbox cause (sandbox.CAUSES, which has
+program_too_large), wrong_answer
 (clean exit, wrong stdout or a failed assert), exited_early (an assert test's run ended cleanly without reaching
 its tests), or no_program. The runner counts them (RewardRunner.metrics: reward/cause/<cause>, per task
 reward/<task>/cause/<cause>).

@@ -6,17 +6,21 @@ a single address space.
     run = bound.open(limit_bytes)            # a fresh cgroup (None without one)
     run.enter(pid); ...; run.oom_killed(); run.close()
 
-RLIMIT_AS is per process: a program that forks holds up to max_procs times memory_mb. The paths, first usable wins:
+RLIMIT_AS is per process: a program that forks holds up to max_procs times memory_mb. The paths:
   cgroup2            a cgroup v2 directory whose cgroup.subtree_control enables "memory" and that this process may
                      write (a delegated subtree: systemd's Delegate=yes, or the root cgroup). Each run gets a child
                      cgroup with memory.max = the limit, memory.swap.max = 0 and memory.oom.group = 1 (an OOM kills
-                     the whole run). "auto" tries this process's own cgroup.
-  cgroup1            the cgroup v1 memory hierarchy, this process's memory cgroup, writable (root on a v1 host):
-                     a child cgroup with memory.limit_in_bytes (and memory.memsw.limit_in_bytes where swap is
-                     accounted) = the limit.
-  one_address_space  neither: the seccomp filter refuses every new process (threads still work, see seccomp.py),
-                     so the program is one address space and RLIMIT_AS (memory_mb) bounds all it can hold. Programs
-                     that fork or start subprocesses fail (cause procs) on such hosts.
+                     the whole run). "auto" uses this process's own cgroup when it is such a directory.
+  cgroup1            a cgroup v1 memory cgroup, given as sandbox.memory_cgroup (never chosen by "auto"; v1_memory_cgroup()
+                     finds this process's): a child cgroup with memory.limit_in_bytes (and memory.memsw.limit_in_bytes
+                     where swap is accounted) = the limit.
+  one_address_space  no cgroup ("auto" without a delegated v2 cgroup, or "off"): the seccomp filter refuses every
+                     new process (threads still work, see seccomp.py), so the program is one address space and
+                     RLIMIT_AS (memory_mb) bounds all it can hold. Programs that fork or start subprocesses fail
+                     (cause procs) there.
+Cost: moving a process into a cgroup waits for an RCU grace period (the kernel's cgroup_threadgroup_rwsem): 5-12 ms
+per run on this project's 2-core VM, a fifth of a trivial run, which is why "auto" does not pick a v1 hierarchy
+(hosts that mount cgroup2 with `favordynmods` make the move cheap). one_address_space costs nothing.
 A cgroup bound counts everything the kernel charges to the run: anonymous memory, its tmpfs /tmp, and kernel
 memory such as inodes and dentries (a program creating millions of empty files hits it). The sandbox's processes
 enter the cgroup before the program starts: bubblewrap blocks its child on --block-fd until the caller has moved
@@ -55,6 +59,15 @@ def _own_cgroups() -> dict[str, str]:
       for name in controllers.split(","):
         out[name] = path
   return out
+
+
+def v1_memory_cgroup() -> Optional[str]:
+  """This process's cgroup v1 memory cgroup directory (for sandbox.memory_cgroup), or None without one."""
+  try:
+    own, mount = _own_cgroups(), _v1_memory_mount()
+  except OSError:
+    return None
+  return os.path.join(mount, own["memory"].lstrip("/")) if mount and "memory" in own else None
 
 
 def _v1_memory_mount() -> Optional[str]:
@@ -110,31 +123,25 @@ class MemoryBound:
   def detect(setting: str = "auto") -> "MemoryBound":
     """The bound for `setting` (sandbox.memory_cgroup): "off" -> one_address_space; a directory -> that cgroup
     (CgroupError when it is unusable: an explicit choice is never silently dropped); "auto" -> this process's
-    cgroup v2, else its v1 memory cgroup, else one_address_space."""
+    cgroup v2 when it is delegated, else one_address_space."""
     if setting == "off":
       return MemoryBound("one_address_space", why="sandbox.memory_cgroup is off")
     if setting != "auto":
       bound = MemoryBound._at(setting)
       bound.probe()
       return bound
-    reasons = []
     try:
       own = _own_cgroups()
     except OSError as exc:
       return MemoryBound("one_address_space", why=f"cannot read /proc/self/cgroup: {exc}")
-    candidates = []
-    if "" in own and os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers")):
-      candidates.append(MemoryBound("cgroup2", os.path.join(CGROUP_ROOT, own[""].lstrip("/"))))
-    mount = _v1_memory_mount() if "memory" in own else None
-    if mount:
-      candidates.append(MemoryBound("cgroup1", os.path.join(mount, own["memory"].lstrip("/"))))
-    for bound in candidates:
-      try:
-        bound.probe()
-        return bound
-      except CgroupError as exc:
-        reasons.append(f"{bound.kind} at {bound.parent}: {exc}")
-    return MemoryBound("one_address_space", why="; ".join(reasons) or "no memory cgroup on this host")
+    if "" not in own or not os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers")):
+      return MemoryBound("one_address_space", why="no cgroup v2 hierarchy at /sys/fs/cgroup")
+    bound = MemoryBound("cgroup2", os.path.join(CGROUP_ROOT, own[""].lstrip("/")))
+    try:
+      bound.probe()
+      return bound
+    except CgroupError as exc:
+      return MemoryBound("one_address_space", why=f"cgroup v2 at {bound.parent}: {exc}")
 
   @staticmethod
   def _at(path: str) -> "MemoryBound":

@@ -2,10 +2,11 @@
 
 The model's programs are untrusted: running them is the most dangerous thing the trainer does. Every run is
 
-    prlimit <limits> -- bwrap <namespaces, mounts> -- <sandbox.python> -I -B /sandbox/main.py
+    prlimit <limits> -- bwrap <namespaces, mounts, --seccomp> -- <sandbox.python> -I -B /sandbox/main.py
 
-started by `Sandbox.run`, never anything less: when bubblewrap is missing or cannot build its namespaces the run
-raises SandboxUnavailable (`check_available()` says how to fix it); there is no unsandboxed fallback.
+started by `Sandbox.run`, never anything less: when bubblewrap, prlimit or libseccomp is missing, or bubblewrap
+cannot build its namespaces, the run raises SandboxUnavailable (`check_available()` says how to fix it); there is
+no unsandboxed fallback.
 
 What the program sees (bubblewrap, Debian package `bubblewrap`):
   - its own user, mount, PID, IPC, UTS, cgroup and network namespaces (`--unshare-all --unshare-user`): no network
@@ -14,22 +15,31 @@ What the program sees (bubblewrap, Debian package `bubblewrap`):
   - a read-only root that holds only /usr (the interpreter and its libraries; bound read-only), the host's
     /bin /lib /lib64 /sbin as the same symlinks or read-only binds, the interpreter's prefix when it lives outside
     /usr, a fresh /proc of its PID namespace, a minimal read-only /dev (null, zero, random, urandom, tty), its
-    program at /sandbox/main.py, and a private writable /tmp (tmpfs of `tmp_mb`, its working directory). No /etc,
-    no repository, run directory or home: those paths do not exist inside;
+    program at /sandbox/main.py, and a private writable /tmp (its working directory: tmp_mb bytes and, for a root
+    trainer, tmp_files inodes, tmpfs.py). No /etc, no repository, run directory or home: those paths do not exist;
+  - stdin a sealed memory-backed file (readable, not writable or growable), stdout and stderr pipes read by this
+    process: no descriptor of the run is a file on the host's disk, so fallocate cannot reserve host disk;
+  - a system-call filter (seccomp.py: keyrings, ptrace, bpf, perf_event_open, userfaultfd, io_uring, mounts,
+    modules, kexec, ... fail with EPERM);
   - an empty environment but PATH=/usr/bin:/bin, HOME=/tmp, LANG=C.UTF-8; `-I` ignores PYTHON* variables and the
     user site; `--new-session` (no terminal to inject keystrokes into); `--die-with-parent` (bubblewrap and the
     program get SIGKILL when the process that called run() dies, e.g. a reward worker killed by its pool).
 Resource limits (util-linux `prlimit`, set on itself before it execs bwrap, so the whole tree inherits them):
   cpu_s       RLIMIT_CPU, rounded up to whole seconds: SIGXCPU at the soft limit, SIGKILL one second later
-  memory_mb   RLIMIT_AS (address space), per process
+  memory_mb   RLIMIT_AS (address space), per process; and one bound for the whole run (memory.py): a memory
+              cgroup of memory_mb + tmp_mb per run where there is one (a delegated cgroup v2, or sandbox.memory_cgroup),
+              else no process but the first (threads only, seccomp.py), so RLIMIT_AS bounds it all. The sandbox's
+              processes enter the cgroup before the program starts (bubblewrap's child waits on --block-fd until
+              this process has moved it) and get oom_score_adj 1000: the OOM killer takes them first
   max_procs   RLIMIT_NPROC: processes and threads of the sandbox's user, bubblewrap's two processes included.
               The kernel counts them per real uid and does not enforce the limit for root, so a root trainer runs
               each sandbox as a uid of its own, UID_BASE + the calling process's pid (a uid no account has; two
               workers never share a budget, and runs of one worker follow each other). A non-root trainer cannot
               change uid: the limit is then the user's current process count plus max_procs (read from /proc
               before each run), a budget shared with everything else that user starts meanwhile
-  file_kb     RLIMIT_FSIZE: the largest file it may write, stdout and stderr included (they are files opened by
-              this process and handed to it, never pipes)
+  file_kb     RLIMIT_FSIZE: the largest file it may write in /tmp; the program itself must fit (a longer one is
+              cause program_too_large, without a run: bubblewrap writes it under this limit); stdout and stderr
+              are cut here too, by the reader, which kills the run once either passes file_kb
   open_files  RLIMIT_NOFILE; core dumps are off (RLIMIT_CORE 0)
   wall_s      enforced from outside: past it, bubblewrap's reaper (PID 1 of the sandbox) is sent SIGKILL, which
               makes the kernel kill every process of the PID namespace. Nothing of the program outlives run():
@@ -37,21 +47,23 @@ Resource limits (util-linux `prlimit`, set on itself before it execs bwrap, so t
               --die-with-parent then, with whatever the program left running) would be orphaned to the machine's
               init, which may never reap it (a zombie still counts against RLIMIT_NPROC); so run() makes this
               process a child subreaper while it runs and reaps the reaper itself, after its namespace is gone
-  output_kb   bytes of stdout and of stderr read back (the files themselves are capped at file_kb)
+  output_kb   bytes of stdout read back (the first) and of stderr (the last: the final traceback)
 
 Causes (`RunResult.cause`, CAUSES), one per run, first match wins:
+  program_too_large  the program is over file_kb (not run)
   timeout_wall  still running after wall_s (killed)
+  memory        the run's memory cgroup had to OOM-kill, or it exited with a MemoryError (RLIMIT_AS)
   cpu_limit     killed by SIGXCPU, or by SIGKILL after using its CPU seconds
-  output_limit  stdout or stderr reached file_kb (CPython ignores SIGXFSZ, so a write fails with EFBIG), or stdout
-                is longer than output_kb (it could not be compared whole)
-  memory        exited with a MemoryError (RLIMIT_AS)
-  procs         exited because it could not start a process or thread (RLIMIT_NPROC: EAGAIN)
-  killed        died of another signal (a crash, its own kill, the kernel's OOM killer)
+  output_limit  stdout or stderr passed file_kb (killed), or stdout is longer than output_kb (it could not be
+                compared whole)
+  procs         exited because it could not start a process or thread (RLIMIT_NPROC, or no new process without a
+                cgroup: EAGAIN)
+  killed        died of another signal (a crash, its own kill)
   nonzero_exit  any other non-zero exit status
   ok            exit status 0 within every limit
-The two heuristic ones (memory, procs) read the last line of stderr (the interpreter's final traceback line), and
-the exit status is the program's own: a program can pretend to any cause by printing or exiting accordingly. That
-changes only which counter grows, never the verdict (every cause but ok is a failed run).
+The two heuristic ones (memory by MemoryError, procs) read the last line of stderr (the interpreter's final
+traceback line), and the exit status is the program's own: a program can pretend to any cause by printing or
+exiting accordingly. That changes only which counter grows, never the verdict (every cause but ok is a failure).
 A run where bubblewrap itself failed (it reported no exit status of the program) raises SandboxUnavailable with
 bubblewrap's message: that is the machine's problem, not the program's.
 """
@@ -358,18 +370,24 @@ class Sandbox:
 
   # --- one run ------------------------------------------------------------------------------------------------
   def run(self, program: str, stdin: str = "", side: Optional[bytes] = None) -> RunResult:
-    """Runs `program` (Python source) with `stdin` in a fresh sandbox; see the module docstring. `side`: bytes for
-    the program's main process only, on a file descriptor whose number is its first argument; its second
-    argument is a descriptor whose writes come back as RunResult.side (at most output_kb). Neither is reachable
-    from other processes of the sandbox: its PID 1 closes them, and a process that makes itself non-dumpable
-    keeps them from /proc."""
+    """Runs `program` (Python source) with `stdin` in a fresh sandbox; see the module docstring. `side` makes
+    `program` a trusted harness (assert_harness.py): bytes for its main process only, on a descriptor whose
+    number is its first argument; its second argument is a descriptor whose writes come back as RunResult.side
+    (at most output_kb); its third, "-" or a descriptor holding the seccomp filter that refuses new processes,
+    which the harness must apply to the process that runs untrusted code (without a memory cgroup, bubblewrap
+    then applies the filter without that rule, so that the harness can fork). None of them is reachable from
+    other processes of the sandbox: its PID 1 closes them, and a process that makes itself non-dumpable keeps
+    them from /proc."""
     cfg = self.cfg
     source = program.encode("utf-8", "surrogateescape")
     if len(source) > cfg.file_kb * 1024:  # bubblewrap writes it under RLIMIT_FSIZE: it would fail to start
       return RunResult("", f"the program is {len(source)} bytes, over sandbox.file_kb ({cfg.file_kb} KiB)", None,
                        "program_too_large", 0.0)
     bound = self.memory_bound()
-    bpf = self._filter(bound)
+    # a harness run (side channel) starts as trusted code that forks the program's process: without a cgroup, that
+    # process applies the filter that refuses new processes to itself (argv[3]); bubblewrap applies the rest
+    strict = not bound.cgroup
+    bpf = self._filter(strict and side is None)
     uid = UID_BASE + os.getpid() if os.geteuid() == 0 else None
     user = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
     mine, theirs = [], []  # descriptors to close: this process's ends, and the child's (once it has them)
@@ -395,7 +413,10 @@ class Sandbox:
       if side is not None:
         side_in = _sealed(side, "side")
         theirs.append(side_in)
-        extra = (str(side_in), str(pipes["side"][1]))
+        extra = (str(side_in), str(pipes["side"][1]), "-")
+        if strict:
+          theirs.append(_sealed(self._filter(True), "seccomp-program"))
+          extra = extra[:2] + (str(theirs[-1]),)
       argv = self.command(fds, uid, extra, tmp)
       if bound.cgroup:
         try:
@@ -439,9 +460,10 @@ class Sandbox:
     if cgroup() is not None:
       cgroup().close()
 
-  def _filter(self, bound: MemoryBound) -> bytes:
+  @staticmethod
+  def _filter(one_address_space: bool) -> bytes:
     try:
-      return seccomp.filter_bpf(one_address_space=not bound.cgroup)
+      return seccomp.filter_bpf(one_address_space)
     except seccomp.SeccompUnavailable as exc:
       raise SandboxUnavailable(f"the sandbox's system-call filter: {exc}") from None
 
