@@ -11,9 +11,9 @@ RLIMIT_AS is per process: a program that forks holds up to max_procs times memor
                      write (a delegated subtree: systemd's Delegate=yes, or the root cgroup). Each run gets a child
                      cgroup with memory.max = the limit, memory.swap.max = 0 and memory.oom.group = 1 (an OOM kills
                      the whole run). "auto" uses this process's own cgroup when it is such a directory.
-  cgroup1            a cgroup v1 memory cgroup, given as sandbox.memory_cgroup (never chosen by "auto"; v1_memory_cgroup()
-                     finds this process's): a child cgroup with memory.limit_in_bytes (and memory.memsw.limit_in_bytes
-                     where swap is accounted) = the limit.
+  cgroup1            a cgroup v1 memory cgroup, given as sandbox.memory_cgroup (never chosen by "auto";
+                     v1_memory_cgroup() finds this process's): a child cgroup with memory.limit_in_bytes (and
+                     memory.memsw.limit_in_bytes where swap is accounted) = the limit.
   one_address_space  no cgroup ("auto" without a delegated v2 cgroup, or "off"): the seccomp filter refuses every
                      new process (threads still work, see seccomp.py), so the program is one address space and
                      RLIMIT_AS (memory_mb) bounds all it can hold. Programs that fork or start subprocesses fail
