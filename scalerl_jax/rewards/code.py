@@ -168,7 +168,8 @@ def _stdio_test(sandbox: Sandbox, source: str, stdin: str, expected: str) -> str
 def _assert_test(sandbox: Sandbox, source: str, statement: str, starter: str) -> str:
   """The program runs in one process of the sandbox, the test in another (assert_harness.py); the verdict comes
   back on a descriptor only the test's process holds."""
-  result = sandbox.run(_HARNESS, source, side=json.dumps({"test": statement, "starter": starter}).encode())
+  result = sandbox.run(_HARNESS, json.dumps({"program": source, "starter": starter}),
+                       side=json.dumps({"test": statement}).encode())
   if not result.ok:
     last = next((line for line in reversed(result.stderr.splitlines()) if line.strip()), "")
     return "wrong_answer" if result.cause == "nonzero_exit" and last.startswith("AssertionError") else result.cause
