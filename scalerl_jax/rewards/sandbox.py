@@ -155,23 +155,6 @@ def _clamp(value: int, limit: int) -> int:
   return value if hard == resource.RLIM_INFINITY else min(value, hard)
 
 
-def _wait(proc: subprocess.Popen, timeout: float) -> bool:
-  """Waits up to `timeout` s for `proc` to exit (without reaping it); whether it did. A pidfd wakes up the moment
-  it exits; Popen's own wait polls."""
-  try:
-    fd = os.pidfd_open(proc.pid)
-  except (AttributeError, OSError):
-    try:
-      proc.wait(timeout)
-      return True
-    except subprocess.TimeoutExpired:
-      return False
-  try:
-    return _pidfd_wait(fd, timeout)
-  finally:
-    os.close(fd)
-
-
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
 _reaper_lock = threading.Lock()
 _reaper_users = 0
