@@ -82,18 +82,16 @@ import select
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from typing import Optional, Sequence
 
 from scalerl_jax.errors import UserError
-from scalerl_jax.rewards import seccomp, tmpfs
+from scalerl_jax.rewards import reaping, seccomp, tmpfs
 from scalerl_jax.rewards.memory import CgroupError, MemoryBound
 
 CAUSES = ("ok", "nonzero_exit", "timeout_wall", "cpu_limit", "memory", "procs", "output_limit", "killed",
           "program_too_large")
 UID_BASE = 2_000_000_000  # + pid (pid_max <= 2**22); bubblewrap's uid map refuses uids of 2**31 and above
-KILL_WAIT_S = 10.0  # after SIGKILL to the sandbox: how long bubblewrap gets to reap it before it is killed itself
 SANDBOX_PATH = "/usr/bin:/bin"
 _HOST_DIRS = ("/bin", "/lib", "/lib64", "/sbin")  # symlinks into /usr on merged-/usr systems
 _FIX = ("Code rewards never run programs unsandboxed. Install bubblewrap (`apt-get install bubblewrap`; "
@@ -153,80 +151,6 @@ def _clamp(value: int, limit: int) -> int:
   """`value`, but never above the current hard limit (an unprivileged process cannot raise it)."""
   hard = resource.getrlimit(limit)[1]
   return value if hard == resource.RLIM_INFINITY else min(value, hard)
-
-
-_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
-_reaper_lock = threading.Lock()
-_reaper_users = 0
-_reaper_was = 0
-
-
-class _Subreaper:
-  """While at least one run is in flight, this process is a child subreaper (prctl PR_SET_CHILD_SUBREAPER), so
-  bubblewrap's reaper, orphaned when bubblewrap exits, becomes this process's child and is reaped by run() instead
-  of lingering as a zombie of the machine's init (a zombie still counts against RLIMIT_NPROC). The previous
-  setting comes back when the last run ends."""
-
-  def __enter__(self):
-    global _reaper_users, _reaper_was
-    import ctypes
-
-    with _reaper_lock:
-      if _reaper_users == 0:
-        was = ctypes.c_int(0)
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0)
-        _reaper_was = was.value
-        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-          raise SandboxUnavailable(f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}")
-      _reaper_users += 1
-    return self
-
-  def __exit__(self, *exc):
-    global _reaper_users
-    import ctypes
-
-    with _reaper_lock:
-      _reaper_users -= 1
-      if _reaper_users == 0 and not _reaper_was:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-
-
-def _parent_of(pid: int) -> int:
-  with open(f"/proc/{pid}/stat") as f:
-    return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
-def _pidfd_wait(fd: int, timeout: float) -> bool:
-  poller = select.poll()
-  poller.register(fd, select.POLLIN)
-  return bool(poller.poll(max(0, int(math.ceil(timeout * 1000)))))
-
-
-def _reap(child: object) -> Optional[resource.struct_rusage]:
-  """Waits for bubblewrap's reaper `child` when it has become this process's child (it exits, taking its PID
-  namespace down, once SIGKILLed by --die-with-parent after bubblewrap returned) and reaps it; its resource usage
-  (which includes the program's: the reaper waited for it), or None when it was not ours to reap."""
-  if not isinstance(child, int) or child <= 0:
-    return None
-  try:
-    fd = os.pidfd_open(child)
-  except OSError:  # already gone
-    return None
-  try:
-    try:
-      if _parent_of(child) != os.getpid():
-        return None
-    except (OSError, ValueError, IndexError):
-      return None
-    if not _pidfd_wait(fd, KILL_WAIT_S):
-      signal.pidfd_send_signal(fd, signal.SIGKILL)
-    try:
-      return os.wait4(child, 0)[2]
-    except ChildProcessError:
-      return None
-  finally:
-    os.close(fd)
 
 
 def _status(data: bytes) -> dict:
@@ -407,7 +331,7 @@ class Sandbox:
         except CgroupError as exc:
           raise SandboxUnavailable(f"sandbox memory bound ({bound.kind}): {exc}") from None
       t0 = time.monotonic()
-      with _Subreaper():
+      with reaping.Subreaper():
         proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=pipes["stdout"][1], stderr=pipes["stderr"][1],
                                 pass_fds=[fd for fd in theirs if fd != stdin_fd], env={"PATH": SANDBOX_PATH}, **user)
         for fd in theirs:
@@ -416,7 +340,7 @@ class Sandbox:
         streams, reported, timed_out, over = self._watch(proc, pipes, cgroup, t0 + cfg.wall_s)
         _, wait_status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(wait_status)
-        reaper_usage = _reap(reported.get("child-pid"))
+        reaper_usage = reaping.reap(reported.get("child-pid"))
       seconds = time.monotonic() - t0
       oom = cgroup is not None and cgroup.oom_killed()
     stdout, stderr = streams["stdout"].text(), streams["stderr"].text(tail=True)
@@ -475,12 +399,12 @@ class Sandbox:
             break
           timed_out = True
           self._kill(proc, reported.get("child-pid"))
-          exited, deadline = True, time.monotonic() + KILL_WAIT_S
+          exited, deadline = True, time.monotonic() + reaping.KILL_WAIT_S
           continue
         for fd, _ in poller.poll(max(1, int(math.ceil(left * 1000)))):
           if fd == pidfd:
             poller.unregister(pidfd)
-            exited, deadline = True, time.monotonic() + KILL_WAIT_S
+            exited, deadline = True, time.monotonic() + reaping.KILL_WAIT_S
             continue
           data = os.read(fd, 65536)
           if not data:
@@ -549,7 +473,7 @@ class Sandbox:
         fd = None
       if fd is not None:
         try:
-          if _parent_of(child) == proc.pid:
+          if reaping.parent_of(child) == proc.pid:
             signal.pidfd_send_signal(fd, signal.SIGKILL)
             return
         except (OSError, ValueError, IndexError):
