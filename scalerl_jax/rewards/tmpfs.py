@@ -70,8 +70,9 @@ def _wipe(path: str) -> bool:
     return False
 
 
-@atexit.register
 def _release() -> None:
+  """Unmounts this process's kept tmpfs mounts: at exit, and when a multiprocessing worker (a reward worker)
+  ends, which skips atexit (multiprocessing.util's finalizers run instead)."""
   with _lock:
     for paths in _free.values():
       for path in paths:
@@ -118,5 +119,10 @@ def _mount(pid: int, size_bytes: int, files: int) -> Optional[str]:
     _usable[pid] = False
     os.rmdir(path)
     return None
+  if pid not in _usable:
+    atexit.register(_release)
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, _release, exitpriority=0)
   _usable[pid] = True
   return path
