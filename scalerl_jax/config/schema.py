@@ -265,14 +265,19 @@ class SandboxConfig:
   python: str = "/usr/bin/python3"  # the interpreter inside the sandbox (its prefix is bound read-only)
   cpu_s: float = 2.0  # CPU seconds per test run (RLIMIT_CPU)
   wall_s: float = 4.0  # wall-clock seconds per test run, enforced from outside (the whole process tree is killed)
-  memory_mb: int = 512  # address space (RLIMIT_AS)
+  memory_mb: int = 512  # address space per process (RLIMIT_AS); with tmp_mb, the whole run's memory (memory_cgroup)
   max_procs: int = 16  # processes and threads (RLIMIT_NPROC, as an unprivileged user)
   file_kb: int = 1024  # largest file it may write (RLIMIT_FSIZE), its stdout/stderr included
   open_files: int = 64  # RLIMIT_NOFILE
   output_kb: int = 64  # bytes of stdout / stderr read back
   tmp_mb: int = 16  # its private writable /tmp (tmpfs)
+  tmp_files: int = 4096  # files and directories its /tmp may hold (tmpfs nr_inodes; needs a root trainer: tmpfs.py)
   partial_credit: bool = False  # reward = fraction of tests passed (else 1 only when all pass)
   marker: str = "|"  # without a fenced block, the program is the text after the last marker (up to '$')
+  # one memory bound per run over all its processes (rewards/memory.py): "auto" (this process's cgroup v2 when
+  # delegated, else one address space: no new processes), "off" (one address space) or the directory of a cgroup
+  # (v2, or a v1 memory cgroup) to make each run's cgroup in
+  memory_cgroup: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,9 +54,12 @@ def validate(cfg: RunConfig) -> RunConfig:
   need(cfg.loss.router_aux_coef >= 0, "loss.router_aux_coef", "must be >= 0")
   need(cfg.loss.router_z_coef >= 0, "loss.router_z_coef", "must be >= 0")
   sb = cfg.sandbox
-  for key in ("cpu_s", "wall_s", "memory_mb", "max_procs", "file_kb", "open_files", "output_kb", "tmp_mb"):
+  for key in ("cpu_s", "wall_s", "memory_mb", "max_procs", "file_kb", "open_files", "output_kb", "tmp_mb",
+              "tmp_files"):
     need(getattr(sb, key) > 0, f"sandbox.{key}", "must be positive")
   need(bool(sb.python), "sandbox.python", "must name the interpreter that runs programs in the sandbox")
+  need(sb.memory_cgroup in ("auto", "off") or sb.memory_cgroup.startswith("/"), "sandbox.memory_cgroup",
+       "must be 'auto', 'off' or the absolute path of a cgroup directory")
   need(0.0 <= cfg.data.code_fraction <= 1.0, "data.code_fraction", "must be in [0, 1]")
   need(bool(cfg.data.task_field), "data.task_field", "must name the field that holds a row's task")
   need(cfg.curve_fit.target is None or 0 < cfg.curve_fit.target < 1, "curve_fit.target",

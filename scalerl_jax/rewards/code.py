@@ -27,16 +27,24 @@ with the per-test limits of the `sandbox` config group:
     cause ok (exit status 0 within every limit) and its stdout equals the expected output after stripping trailing
     whitespace from every line and dropping trailing empty lines. A program that prints the right output but exits
     non-zero FAILS (cause nonzero_exit): a crash after printing is still a crash.
-  - asserts: a small harness runs `starter + program`, then the statement, in one namespace; it passes when the
-    run ends with cause ok and the harness printed a per-run random token after the statement: an exit before the
-    tests ran (sys.exit(0), os._exit(0), a replaced builtin `exec`) cannot pass. An assert that fails is cause
-    wrong_answer. Limits of this check: the program runs in the same interpreter as its tests, so a program that
-    digs the token out of the harness's frame, or returns an object whose __eq__ is always true, is not stopped;
-    stdio tests have neither weakness.
+  - asserts: the program runs in one process of the sandbox and the statement in another (assert_harness.py):
+    the test's process forks the program's before it reads the test, runs the statement with the real builtins,
+    and each program function the statement names is a stub that sends the call over a pipe; only builtin data
+    (None, bool, int, float, complex, str, bytes and lists, tuples, dicts, sets of them, exact types) comes back.
+    Names the starter defines come from the test's own run of the starter, except stubs (a function with only a
+    docstring) and what its last statement binds (the program continues it). It passes when the run ends with
+    cause ok and the test's process wrote "ok" on a descriptor that only it holds. An assert that fails is cause
+    wrong_answer; a program that exits 0 before the tests ran (sys.exit(0), os._exit(0)) is exited_early. What
+    the program cannot do any more: return an object whose __eq__ is always true, replace a builtin or module
+    function the test uses, read the test or a token (there is none) from the harness's frame, stdin or
+    /sandbox/main.py, or print the verdict itself. What an assert test cannot do: pass a function or object of
+    its own to the program, or get back anything but builtin data (such a test fails). A program over file_kb is
+    program_too_large before any test runs.
 Reward: 1.0 when every test passes, else 0.0; with `sandbox.partial_credit` the fraction passed. Without partial
 credit the tests stop at the first failure. Success (pass rates, No-Positive-Resampling) is "every test passed"
 either way: the result carries it (`Scored.success`), so 2 of 3 tests passed (0.67) is not solved. The cause is
-"ok" when every test passed, else that of the first failing test: a sandbox cause (sandbox.CAUSES), wrong_answer
+"ok" when every test passed, else that of the first failing test: a sandbox cause (sandbox.CAUSES, which has
+program_too_large), wrong_answer
 (clean exit, wrong stdout or a failed assert), exited_early (an assert test's run ended cleanly without reaching
 its tests), or no_program. The runner counts them (RewardRunner.metrics: reward/cause/<cause>, per task
 reward/<task>/cause/<cause>).
@@ -50,8 +58,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
 import re
-import secrets
 from typing import Optional
 
 from scalerl_jax.markers import EOS_CHAR
@@ -64,16 +72,7 @@ _PYTHON_TAGS = ("", "python", "py", "python3")
 _KEYS = ("starter", "program", "stdio", "asserts")
 _PROGRAMS = ("marker", "completion")  # the "program" key's values
 
-_HARNESS = '''\
-def _scalerl_tests(program, test):
-    import os, sys
-    token, write, run, build = sys.stdin.readline().strip(), os.write, exec, compile
-    scope = {"__name__": "__main__", "__builtins__": __builtins__}
-    run(build(program, "program.py", "exec"), scope)
-    run(build(test, "test.py", "exec"), scope)
-    write(1, ("\\n" + token + "\\n").encode())
-_scalerl_tests(%r, %r)
-'''
+_HARNESS = (pathlib.Path(__file__).parent / "assert_harness.py").read_text()  # runs in the sandbox, not here
 
 _sandbox: Optional[Sandbox] = None
 
@@ -166,13 +165,15 @@ def _stdio_test(sandbox: Sandbox, source: str, stdin: str, expected: str) -> str
   return "ok" if normalize_output(result.stdout) == normalize_output(expected) else "wrong_answer"
 
 
-def _assert_test(sandbox: Sandbox, source: str, statement: str) -> str:
-  token = secrets.token_hex(16)
-  result = sandbox.run(_HARNESS % (source, statement), token + "\n")
+def _assert_test(sandbox: Sandbox, source: str, statement: str, starter: str) -> str:
+  """The program runs in one process of the sandbox, the test in another (assert_harness.py); the verdict comes
+  back on a descriptor only the test's process holds."""
+  result = sandbox.run(_HARNESS, json.dumps({"program": source, "starter": starter}),
+                       side=json.dumps({"test": statement}).encode())
   if not result.ok:
     last = next((line for line in reversed(result.stderr.splitlines()) if line.strip()), "")
     return "wrong_answer" if result.cause == "nonzero_exit" and last.startswith("AssertionError") else result.cause
-  return "ok" if token in result.stdout.splitlines() else "exited_early"
+  return "ok" if result.side == "ok\n" else "exited_early"
 
 
 def code_reward(completion: str, answer: str) -> Scored:
@@ -185,8 +186,10 @@ def code_reward(completion: str, answer: str) -> Scored:
   if program is None:
     return Scored(0.0, "no_program", success=False)
   source = tests.starter + program
+  if len(source.encode("utf-8", "surrogateescape")) > sandbox.cfg.file_kb * 1024:
+    return Scored(0.0, "program_too_large", success=False)  # what the sandbox would say for each test
   runs = [lambda i=i, o=o: _stdio_test(sandbox, source, i, o) for i, o in tests.stdio]
-  runs += [lambda s=s: _assert_test(sandbox, source, s) for s in tests.asserts]
+  runs += [lambda s=s: _assert_test(sandbox, source, s, tests.starter) for s in tests.asserts]
   passed, first_failure = 0, None
   for run in runs:
     cause = run()

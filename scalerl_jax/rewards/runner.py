@@ -41,6 +41,8 @@ Metrics (`metrics()`; totals over the run, restored on resume, except the two la
   reward/score_s         wall seconds the latest batch took to score
   reward/queue           calls queued in the pool when the latest batch was scheduled (its own and other
                          threads'; 0 inline): a pool much smaller than its queue is the bottleneck
+  reward/sandbox_memory_cgroup  code rewards, after start(): 1 when each run's memory is bounded by a cgroup, 0
+                         when by one address space (sandbox/memory.py; start() logs which and why)
 A run with one verifier per task (make_reward_runner with tagged tasks; routing.TaskRewards) reports the same keys
 summed over tasks and, per task, reward/<task>/<key> (for example reward/code/cause/timeout_wall).
 """
@@ -189,6 +191,7 @@ class RewardRunner:
     self.queue = 0  # calls queued in the pool when the latest batch was scheduled
     self._warned: set[str] = set()
     self._capped = False
+    self.memory_cgroup: Optional[bool] = None  # code rewards, once started: whether runs are bounded by a cgroup
 
   # --- lifetime -------------------------------------------------------------------------------------------------
   def start(self) -> None:
@@ -197,7 +200,9 @@ class RewardRunner:
     if self.sandbox is not None:
       from scalerl_jax.rewards.sandbox import Sandbox
 
-      Sandbox(self.sandbox).check_available()
+      box = Sandbox(self.sandbox)
+      box.check_available()
+      self.memory_cgroup = box.memory_bound().cgroup
     if self._pool is not None:
       self._pool.start()
 
@@ -325,6 +330,7 @@ class RewardRunner:
               "reward/killed_workers": self.killed_workers,
               "reward/failure_rate": failed / self.calls if self.calls else 0.0,
               "reward/score_s": self.score_s, "reward/queue": self.queue,
+              **({} if self.memory_cgroup is None else {"reward/sandbox_memory_cgroup": float(self.memory_cgroup)}),
               **{f"reward/cause/{cause}": count for cause, count in sorted(self.causes.items())}}
 
 
