@@ -200,6 +200,27 @@ def test_a_teacher_checkpoint_with_a_real_tokenizer_is_refused_for_a_char_studen
                         "data.tokenizer=char")
 
 
+def test_a_teacher_checkpoint_with_the_students_tokenizer_loads_on_the_trainer_mesh():
+  """tests/fixtures/hf/llama as the teacher of a student with its tokenizer: read by load_pretrained onto the mesh
+  (its own architecture), and its log-probs equal the loaded model's own forward."""
+  import pathlib
+  from scalerl_jax.data.tokenizer import tokenizer_from_pretrained
+  from scalerl_jax.model.hf import load_pretrained
+  d = str(pathlib.Path(__file__).parent / "fixtures" / "hf" / "llama")
+  layout = Layout(make_mesh("data=-1", jax.devices()[:2]), TRAIN_RULES)
+  frozen = ref_lib.load_frozen("teacher_logprobs", "loss.distill_teacher", d, layout, tokenizer_from_pretrained(d),
+                               f"model.pretrained={d}")
+  assert frozen.policy.cfg.hidden == 64 and frozen.source == f"loss.distill_teacher={d}"
+  leaf = jax.tree.leaves(frozen.params)[0]
+  assert leaf.sharding.mesh.devices.size == 2
+  tokens = jnp.asarray(np.arange(2 * 6).reshape(2, 6) % 100, jnp.int32)
+  batch = TrainBatch(tokens=tokens, loss_mask=None, gen_logprobs=None, advantages=None, token_weights=None,
+                     sample_weights=None)
+  plain = load_pretrained(d)
+  np.testing.assert_allclose(ref_lib.reference_logprobs(frozen, batch, 1.0, 1),
+                             token_logprobs(plain.policy, plain.params, tokens), rtol=1e-5, atol=1e-5)
+
+
 # ---- real train steps on a tiny policy -----------------------------------------------------------------------------
 CFG = ModelConfig(vocab_size=32, hidden=32, intermediate=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                   max_seq_len=16)
@@ -299,3 +320,19 @@ def test_a_run_with_a_kl_reference_logs_kl_and_counts_the_reference_forward(tmp_
   rows = [int(r["train/groups"]) * s.G for r in steps]  # the bucket each step's batch was compacted to
   want = [job.trainer.trained_tokens(n) * fpt(True) + n * s.T * fpt(False) for n in rows]
   np.testing.assert_allclose(np.diff([0.0] + flops), want, rtol=1e-9)
+
+
+def test_a_resumed_run_rebuilds_the_initial_reference(tmp_path):
+  """reference=initial is not checkpointed: a resume rebuilds the params a fresh run starts from (here the seed's
+  init), equal to the first run's reference, not the checkpoint's params."""
+  from tests.pipeline_helpers import tiny_job
+  keys = ["loss.kl_coef=0.05", "pipeline.eval_every=0", "checkpoint.every_steps=2", "loss.zero_variance_filter=false"]
+  first = tiny_job(tmp_path, *keys, "pipeline.steps=2")
+  first.run_sync()
+  start = [np.asarray(x) for x in jax.tree.leaves(first.trainer.frozen[0].params)]
+  resumed = tiny_job(tmp_path, *keys, "pipeline.steps=3", "checkpoint.resume=true")
+  resumed.run_sync()
+  assert resumed.start_step == 2
+  for a, b in zip(start, jax.tree.leaves(resumed.trainer.frozen[0].params)):
+    np.testing.assert_array_equal(a, np.asarray(b))
+  assert any(not np.array_equal(a, np.asarray(b)) for a, b in zip(start, jax.tree.leaves(first.state.params)))
