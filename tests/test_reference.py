@@ -165,6 +165,16 @@ def test_a_teacher_identical_to_the_student_gives_zero_advantage():
   np.testing.assert_array_equal(adv, jnp.broadcast_to(adv_B[:, None], logp_BT.shape))
 
 
+def test_a_batch_without_the_configured_logprobs_is_refused():
+  """A config with a KL term or a teacher and a batch without their log-probs: an error, never a silent no-op."""
+  cfg = LossConfig(name="cispo", aggregation="token", adv_norm="none")
+  logp, _, batch = _batch_with(cfg)
+  for kw, field in (({"kl_coef": 0.1}, "ref_logprobs"), ({"kl_coef": 0.1, "kl_mode": "reward"}, "ref_logprobs"),
+                    ({"distill_teacher": "t", "zero_variance_filter": False}, "teacher_logprobs")):
+    with pytest.raises(ValueError, match=f"batch\\.{field}"):
+      rl.policy_loss(jnp.asarray(logp), batch, dataclasses.replace(cfg, **kw))
+
+
 def test_config_refuses_what_a_per_token_advantage_cannot_do():
   with pytest.raises(ConfigError, match=r"loss\.name: gspo is a sequence loss"):
     load_config(overrides=["loss.name=gspo", "loss.kl_coef=0.1", "loss.kl_mode=reward"])

@@ -50,6 +50,15 @@ def kl_estimate(logp_BT, ref_logp_BT, estimator: str, clamp: float):
   return jnp.exp(-d_BT) + d_BT - 1.0  # k3
 
 
+def need_logprobs(cfg: LossConfig, ref_logp_BT, teacher_logp_BT) -> None:
+  """ValueError when the config asks for a frozen policy whose log-probs the batch lacks (never silently off)."""
+  if cfg.kl_coef > 0 and ref_logp_BT is None:
+    raise ValueError("loss.kl_coef > 0 needs the reference's log-probs in batch.ref_logprobs (train/reference.py)")
+  if cfg.distill_teacher and teacher_logp_BT is None:
+    raise ValueError("loss.distill_teacher needs the teacher's log-probs in batch.teacher_logprobs "
+                     "(train/reference.py)")
+
+
 def kl_loss(logp_BT, ref_logp_BT, token_w_BT, cfg: LossConfig):
   """(beta * sum token_weights * k, sum over loss tokens of sg(k)): loss.kl_mode=loss's term and its metric sum."""
   k_BT = kl_estimate(logp_BT, ref_logp_BT, cfg.kl_estimator, cfg.log_ratio_clamp)
@@ -65,7 +74,8 @@ def token_advantages(adv_B, logp_BT, live_BT, cfg: LossConfig, ref_logp_BT=None,
   """
   sg = jax.lax.stop_gradient
   kl_reward = cfg.kl_coef > 0 and cfg.kl_mode == "reward"
-  distill = teacher_logp_BT is not None
+  distill = bool(cfg.distill_teacher)
+  need_logprobs(cfg, ref_logp_BT, teacher_logp_BT)
   if not kl_reward and not distill:
     return adv_B[:, None], {}
   f_BT = live_BT.astype(jnp.float32)
