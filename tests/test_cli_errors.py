@@ -299,8 +299,11 @@ def test_a_checkpoint_write_that_fails_on_the_disk_is_one_line(tmp_path):
   from tests.fault_helpers import child_env
   from tests.pipeline_helpers import TINY
   run_dir = tmp_path / "run"
+  # no persistent compilation cache: a compile that ends inside the save's file-size limit (the generator thread
+  # compiles whenever it gets there: later on a loaded machine) fails to write its cache entry and jax warns
+  env = {**child_env(None), "JAX_ENABLE_COMPILATION_CACHE": "false"}
   proc = subprocess.run([sys.executable, "-c", _FULL_DISK, str(TRAIN), f"run_dir={run_dir}", *TINY,
-                         "pipeline.steps=2"], capture_output=True, text=True, cwd=tmp_path, env=child_env(None),
+                         "pipeline.steps=2"], capture_output=True, text=True, cwd=tmp_path, env=env,
                         timeout=600)  # (stderr a pipe: the file-size limit does not apply to it)
   line = _one_line_error(proc, "train.py")
   assert line == (f"train.py: error: checkpoint 2 could not be written to {run_dir / 'checkpoints'} (File too "

@@ -84,9 +84,11 @@ def _stream_order(run_dir, steps: int) -> list[list[str]]:
   return [[p.prompt_id for p in stream.next_batch()] for _ in range(steps)]
 
 
+# (not reward/calls: a running total read at the step's end, while the generator may already be scoring the next
+# step's batch, so it depends on the threads' timing: 56 against 72 at step 2 on a loaded CI machine)
 SAME = ("train/loss", "train/grad_norm", "train/update_norm", "train/pass_rate", "train/reward_mean", "train/adv_std",
         "rollout/tokens", "rollout/truncation_rate", "rollout/interruption_rate", "eval/pass_rate",
-        "eval/greedy_pass_at_1", "eval/n_correct", "reward/calls", "data/epoch_size", "pipeline/version")
+        "eval/greedy_pass_at_1", "eval/n_correct", "data/epoch_size", "pipeline/version")
 
 
 def test_colocated_run_equals_one_process_and_resumes(tmp_path):
