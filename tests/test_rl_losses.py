@@ -231,18 +231,25 @@ def test_padding_invariance(name):
   np.testing.assert_allclose(float(m_p["ratio_sum"]), float(m["ratio_sum"]), rtol=1e-6)
 
 
+def two_micro_batches(value_and_grad_fn, logp, batch, cfg):
+  """The batch of `example()` run as two micro-batches of one prompt each: (their losses, their gradient rows, their
+  accumulated metric sums), to compare with the whole batch."""
+  acc, parts, grads = rl.empty_metrics(), [], []
+  for rows in (slice(0, 2), slice(2, 4)):
+    (l, mm), g = value_and_grad_fn(jnp.asarray(logp[rows]), jax.tree.map(lambda x: x[rows], batch), cfg)
+    parts.append(float(l))
+    grads.append(np.asarray(g))
+    acc = rl.accumulate_metrics(acc, mm)
+  return parts, grads, acc
+
+
 @pytest.mark.parametrize("name", INVARIANCE_CFGS)
 def test_micro_batch_invariance(name):
   cfg = INVARIANCE_CFGS[name]
   logp, mask, gen = example()
   batch = make_batch(cfg, mask, gen)
   (loss, m), grad = value_and_grad(jnp.asarray(logp), batch, cfg)
-  acc, parts, grads = rl.empty_metrics(), [], []
-  for rows in (slice(0, 2), slice(2, 4)):  # one prompt per micro-batch
-    (l, mm), g = value_and_grad(jnp.asarray(logp[rows]), jax.tree.map(lambda x: x[rows], batch), cfg)
-    parts.append(float(l))
-    grads.append(np.asarray(g))
-    acc = rl.accumulate_metrics(acc, mm)
+  parts, grads, acc = two_micro_batches(value_and_grad, logp, batch, cfg)
   assert all(abs(p) > 1e-4 for p in parts)  # both parts contribute
   np.testing.assert_allclose(sum(parts), float(loss), rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(np.concatenate(grads), np.asarray(grad), rtol=1e-6)

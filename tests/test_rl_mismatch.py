@@ -28,7 +28,7 @@ import pytest
 
 from scalerl_jax import rl
 from scalerl_jax.config import ConfigError, LossConfig, RunConfig, validate
-from tests.test_rl_losses import AGGS, ROWS_MASK, example, make_batch
+from tests.test_rl_losses import AGGS, ROWS_MASK, example, make_batch, two_micro_batches
 
 eager_value_and_grad = jax.value_and_grad(rl.policy_loss, has_aux=True)
 A = np.array([0.5, -0.5, -0.5, 0.5])
@@ -243,12 +243,7 @@ def test_micro_batches_add_up(key):
   logp, mask, gen = example()
   batch = make_batch(cfg, mask, gen)
   (loss, m), grad = eager_value_and_grad(jnp.asarray(logp), batch, cfg)
-  acc, parts, grads = rl.empty_metrics(), [], []
-  for rows in (slice(0, 2), slice(2, 4)):  # one prompt per micro-batch
-    (l, mm), g = eager_value_and_grad(jnp.asarray(logp[rows]), jax.tree.map(lambda x: x[rows], batch), cfg)
-    parts.append(float(l))
-    grads.append(np.asarray(g))
-    acc = rl.accumulate_metrics(acc, mm)
+  parts, grads, acc = two_micro_batches(eager_value_and_grad, logp, batch, cfg)
   uncorrected = dataclasses.replace(cfg, mismatch="none")
   assert abs(float(rl.policy_loss(jnp.asarray(logp), batch, uncorrected)[0]) - float(loss)) > 1e-3  # f acts
   assert all(abs(p) > 1e-4 for p in parts)  # both micro-batches contribute
