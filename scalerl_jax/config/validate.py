@@ -95,6 +95,16 @@ def validate(cfg: RunConfig) -> RunConfig:
   need(l.behavior == "trainer" or l.mismatch != "tis", "loss.mismatch",
        "tis needs loss.behavior=trainer: with behavior=sampler the loss's ratio already weights each token by "
        "w = pi_trainer / pi_sampler and tis would weight it twice (cispo's loss.eps_max is that truncation there)")
+  need(l.kl_coef >= 0, "loss.kl_coef", "must be >= 0 (0 = no KL term)")
+  need(l.distill_coef > 0, "loss.distill_coef", "must be positive")
+  need(bool(l.reference), "loss.reference", "must be initial (the run's starting params) or a checkpoint path")
+  per_token = (l.kl_coef > 0 and l.kl_mode == "reward") or bool(l.distill_teacher)
+  need(l.name != "gspo" or not per_token, "loss.name",
+       "gspo is a sequence loss and takes one advantage per sample: loss.kl_mode=reward and loss.distill_teacher "
+       "give one per token (use a token loss, or kl_mode=loss)")
+  need(not l.distill_teacher or l.distill_task_reward or not l.zero_variance_filter, "loss.zero_variance_filter",
+       "drops the groups whose rewards are all equal, which distillation alone (loss.distill_task_reward=false) "
+       "still learns from: set loss.zero_variance_filter=false, or loss.distill_task_reward=true")
   need(0 < l.length_penalty_cache < l.length_penalty_max, "loss.length_penalty_cache",
        f"must be in (0, loss.length_penalty_max={l.length_penalty_max})")
   d = cfg.data

@@ -85,7 +85,8 @@ def finish(record: types.StepRecord, generator_stats=None, generator_window=None
   device = jax.device_get(record.device_metrics)
   out = {**record.host_metrics,
          **{f"train/{k}": v for k, v in rl.finalize_metrics({k: v for k, v in device.items()
-                                                              if k in rl.METRIC_KEYS}).items()}}
+                                                              if k in rl.METRIC_KEYS + rl.OPTIONAL_METRIC_KEYS}
+                                                             ).items()}}
   out.update(router_metrics(device))  # moe/...: router losses, trainer-vs-generator mismatch, expert loads
   for k in ("grad_norm", "update_norm"):
     out[f"train/{k}"] = float(device[k])

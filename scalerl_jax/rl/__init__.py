@@ -18,6 +18,8 @@ config's Literal types, checked when the config is loaded or built, never again 
   loss.zero_variance_filter / exclude_truncated / length_penalty / leave_one_out   filters, shaping
   loss.behavior             sampler | trainer                        the ratio's behaviour policy (mismatch.py)
   loss.mismatch             none | tis | mask | seq_mask             sampler-trainer correction (mismatch.py)
+  loss.kl_coef / kl_estimator (k3 | k1 | k2) / kl_mode (loss | reward) / reference    KL to a frozen reference
+  loss.distill_teacher / distill_coef / distill_task_reward          on-policy distillation (reference.py)
 
 Recipes as keys:
   ScaleRL   defaults: cispo, adv_norm=batch, aggregation=prompt, zero_variance_filter; loss.exclude_truncated=true
@@ -36,14 +38,16 @@ from scalerl_jax.rl.aggregation import aggregate, aggregation_weights
 from scalerl_jax.rl.filters import group_stats, kept_groups, length_penalty, loss_token_mask, valid_samples
 from scalerl_jax.rl.losses import (clipped_surrogate_loss, gspo_sequence_loss, log_ratio, policy_loss,
                                    truncated_is_loss)
-from scalerl_jax.rl.diagnostics import METRIC_KEYS, accumulate_metrics, empty_metrics, finalize_metrics, loss_metrics
+from scalerl_jax.rl.diagnostics import (METRIC_KEYS, OPTIONAL_METRIC_KEYS, accumulate_metrics, empty_metrics,
+                                       finalize_metrics, loss_metrics)
 from scalerl_jax.rl.mismatch import correction_factor, geometric_mean_ratio, sequence_log_ratio
 from scalerl_jax.rl.prepare import Prepared, prepare
+from scalerl_jax.rl.reference import kl_estimate, kl_loss, token_advantages
 
 __all__ = [
-    "METRIC_KEYS", "Prepared", "accumulate_metrics", "aggregate", "aggregation_weights", "centred_rewards",
-    "clipped_surrogate_loss", "correction_factor", "empty_metrics", "finalize_metrics", "geometric_mean_ratio",
-    "group_stats", "gspo_sequence_loss", "kept_groups", "length_penalty", "log_ratio", "loss_metrics",
-    "loss_token_mask", "normalize_advantages", "policy_loss", "prepare", "sequence_log_ratio",
-    "truncated_is_loss", "valid_samples",
+    "METRIC_KEYS", "OPTIONAL_METRIC_KEYS", "Prepared", "accumulate_metrics", "aggregate", "aggregation_weights",
+    "centred_rewards", "clipped_surrogate_loss", "correction_factor", "empty_metrics", "finalize_metrics",
+    "geometric_mean_ratio", "group_stats", "gspo_sequence_loss", "kept_groups", "kl_estimate", "kl_loss",
+    "length_penalty", "log_ratio", "loss_metrics", "loss_token_mask", "normalize_advantages", "policy_loss", "prepare",
+    "sequence_log_ratio", "token_advantages", "truncated_is_loss", "valid_samples",
 ]

@@ -22,6 +22,10 @@ whatever the aggregation.
   logp_abs_gap     mean |log pi_theta - log pi_gen|
   mismatch_kl      mean (rho - 1 - log rho)                               k3 estimate of KL(pi_gen || pi_theta)
   tokens, samples  counts of loss tokens / samples with weight > 0
+  kl               mean sg(k) of loss.kl_estimator (rl/reference.py)     KL(pi_theta || pi_ref) estimate; only with
+                                                                          loss.kl_coef > 0
+  distill_reverse_kl   mean (log pi_theta - log pi_teacher)               the per-token reverse KL to the teacher;
+                                                                          only with loss.distill_teacher
 The ratio statistics (ratio_*, ess, mismatch_kl) are of w = pi_theta / pi_gen (mismatch.py) under either
 loss.behavior: with behavior=trainer the loss's own ratio is 1 by construction and w is what is left to watch.
 
@@ -54,6 +58,7 @@ METRIC_KEYS = ("loss_sum", "tokens", "samples", "clip_count", "clip_upper_sum", 
                "logp_abs_gap_sum", "mismatch_kl_sum", "mismatch_trunc_sum", "mismatch_masked_sum",
                "mismatch_factor_sum", "mismatch_factor_sq_sum", "seq_kl_sum", "seq_masked_sum", "seq_weight_sum",
                "seq_weight_sq_sum", "seq_ratio_max")
+OPTIONAL_METRIC_KEYS = ("kl_sum", "distill_rkl_sum")  # only with a KL term / distillation (rl/reference.py)
 
 
 def loss_metrics(*, loss, logp_BT, gen_logp_BT, log_ratio_BT, live_BT, live_B, clip_upper, mask_BT, cfg,
@@ -177,4 +182,6 @@ def finalize_metrics(summed) -> dict:
       "mismatch_seq_max": s["seq_ratio_max"] if samples > 0 else float("nan"),
       "tokens": tokens,
       "samples": samples,
+      **({"kl": div(s["kl_sum"], tokens)} if "kl_sum" in s else {}),
+      **({"distill_reverse_kl": div(s["distill_rkl_sum"], tokens)} if "distill_rkl_sum" in s else {}),
   }

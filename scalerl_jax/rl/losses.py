@@ -15,8 +15,10 @@ A = advantages[b] (one per sample). sg = stop-gradient.
   gspo        sequence clip   -min(s A, clip(s, 1-e_lo, 1+e_hi) A),                 gspo_eps_low, gspo_eps_high
                               s_b = exp(mean_t (log pi_theta - log pi_gen))
   clipped family, optional dual clip (loss.dual_clip = c > 1): for A < 0 the objective is max(min(...), c A).
-No loss has a KL term to a reference policy (as in ScaleRL and DAPO): there is no reference model yet, and with it
-the KL keys went from the config.
+A KL term to a frozen reference policy (loss.kl_coef > 0: a loss term or a per-token reward penalty, estimators
+k1/k2/k3) and on-policy distillation from a teacher (loss.distill_teacher: A[b,t] from the per-token reverse KL) are
+in reference.py; both are off by default (as in ScaleRL and DAPO, which have no KL term). With a per-token advantage
+A[b,t] (reward-mode KL, distillation) the token losses above read A[b,t] for A.
 
 The loss name picks the surrogate only; advantages (loss.adv_norm), aggregation (loss.aggregation) and filters are
 separate keys. So grpo and ppo are the same surrogate; GRPO the recipe is
@@ -37,6 +39,7 @@ import jax.numpy as jnp
 from scalerl_jax.config import LossConfig
 from scalerl_jax.rl import diagnostics as metrics_lib
 from scalerl_jax.rl import mismatch as mismatch_lib
+from scalerl_jax.rl import reference as reference_lib
 from scalerl_jax.types import TrainBatch
 
 
@@ -114,7 +117,9 @@ def policy_loss(logp_BT, batch: TrainBatch, cfg: LossConfig):
 
       token losses:  loss = sum_{b,t} token_weights[b,t] * f[b,t] * l[b,t]
       gspo:          loss = sum_b sample_weights[b] * f_b * l_b
+      loss.kl_coef > 0, kl_mode=loss:  loss += kl_coef * sum_{b,t} token_weights[b,t] * k[b,t]   (reference.py)
   with f the mismatch correction factor (mismatch.py; 1, and not multiplied in at all, with loss.mismatch=none).
+  The reference's and teacher's log-probs come in `batch.ref_logprobs` / `batch.teacher_logprobs` (None when off).
 
   `logp_BT` are the trainer's log-probs of `batch.tokens` (aligned as in `scalerl_jax.types`). The weights from
   `prepare` are normalised by whole-step counts, so for any split of the rows into micro-batches the losses add
@@ -135,13 +140,16 @@ def policy_loss(logp_BT, batch: TrainBatch, cfg: LossConfig):
     lr_BT = log_w_BT
   live_BT = token_w_BT > 0
   live_B = sample_w_B > 0
+  masked = lambda x_BT: None if x_BT is None else jnp.where(mask_BT, jnp.asarray(x_BT, jnp.float32), 0.0)
+  ref_BT, teacher_BT = masked(batch.ref_logprobs), masked(batch.teacher_logprobs)
+  adv_BT, extra = reference_lib.token_advantages(adv_B, logp_BT, live_BT, cfg, ref_BT, teacher_BT)
   factor = mismatch_lib.correction_factor(log_w_BT, mask_BT, cfg, per_sequence=cfg.name == "gspo")
   factor_BT = factor if factor is None or cfg.name != "gspo" else jnp.broadcast_to(factor[:, None], mask_BT.shape)
   corrected = (lambda w: w) if factor is None else (lambda w: w * factor)  # weights times f
 
   clip_live = dual = None  # metrics defaults: clips counted over loss tokens, no dual clip
   if cfg.name in ("cispo", "reinforce"):
-    l_BT, upper = truncated_is_loss(logp_BT, lr_BT, adv_B[:, None], cfg.eps_max)
+    l_BT, upper = truncated_is_loss(logp_BT, lr_BT, adv_BT, cfg.eps_max)
     lower = None  # no lower bound on the weight
     loss = jnp.sum(corrected(token_w_BT) * l_BT)
   elif cfg.name == "gspo":
@@ -151,12 +159,15 @@ def policy_loss(logp_BT, batch: TrainBatch, cfg: LossConfig):
     loss = jnp.sum(corrected(sample_w_B) * l_B)
   else:
     eps_high = cfg.eps_high if cfg.name == "dapo" else cfg.eps_low
-    l_BT, upper, lower, dual = clipped_surrogate_loss(lr_BT, adv_B[:, None], cfg.eps_low, eps_high, cfg.dual_clip)
+    l_BT, upper, lower, dual = clipped_surrogate_loss(lr_BT, adv_BT, cfg.eps_low, eps_high, cfg.dual_clip)
     dual = None if cfg.dual_clip is None else dual
     loss = jnp.sum(corrected(token_w_BT) * l_BT)
+  if cfg.kl_coef > 0 and cfg.kl_mode == "loss":
+    kl_term, extra["kl_sum"] = reference_lib.kl_loss(logp_BT, ref_BT, token_w_BT, cfg)
+    loss = loss + kl_term
 
   metrics = metrics_lib.loss_metrics(
       loss=loss, logp_BT=logp_BT, gen_logp_BT=gen_BT, log_ratio_BT=log_w_BT, live_BT=live_BT, live_B=live_B,
       clip_upper=upper, mask_BT=mask_BT, cfg=cfg, clip_lower=lower, clip_live=clip_live, dual_clip=dual,
       factor_BT=factor_BT)
-  return loss, metrics
+  return loss, {**metrics, **extra}

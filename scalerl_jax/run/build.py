@@ -187,6 +187,14 @@ def initial_state(parts: Parts, stop: Callable[[], bool], progress: bool, summar
     found = parts.ckpt.restore_latest_intact(restore_target(parts.policy, parts.optimizer, parts.state_sh), cfg)
     if found is not None:
       return found[1], types.RunMeta.from_json(found[2])
+  return init_train_state(parts.policy, parts.optimizer, layout, cfg.seed,
+                          start_params(parts, stop, progress, summary)), None
+
+
+def start_params(parts: Parts, stop: Callable[[], bool], progress: bool, summary: dict) -> Any:
+  """The params a fresh run starts from on the trainer mesh (model.pretrained's, or the warm start's, from its cache
+  when there), or None for the seed's init (init_train_state)."""
+  cfg, layout = parts.cfg, parts.trainer_layout
   params = None
   if cfg.model.pretrained:
     from scalerl_jax.model.hf import load_pretrained
@@ -204,7 +212,31 @@ def initial_state(parts: Parts, stop: Callable[[], bool], progress: bool, summar
       n = info["warm_start/steps"]
       raise Stopped(f"during the warm start ({n} supervised step{'s' * (n != 1)} taken, not cached: the next "
                     "start warms up afresh)")
-  return init_train_state(parts.policy, parts.optimizer, layout, cfg.seed, params), None
+  return params
+
+
+def frozen_policies(parts: Parts, state: TrainState, resumed: bool, stop: Callable[[], bool], progress: bool
+                    ) -> list:
+  """The frozen policies of the loss (train/reference.py), on the trainer mesh: the KL reference when
+  loss.kl_coef > 0 (loss.reference=initial: a copy of `state`'s params on a fresh run; on a resume the start params
+  rebuilt as a fresh run builds them), the teacher when loss.distill_teacher is set."""
+  from scalerl_jax.train import reference as ref
+  cfg, layout, l = parts.cfg, parts.trainer_layout, parts.cfg.loss
+  student = cfg.model.pretrained or f"data.tokenizer={cfg.data.tokenizer}"
+  out = []
+  if l.kl_coef > 0 and l.reference == "initial":
+    params = state.params
+    if resumed:
+      params = start_params(parts, stop, progress, {})
+      params = params if params is not None else init_train_state(parts.policy, parts.optimizer, layout,
+                                                                 cfg.seed).params
+    out.append(ref.Frozen("ref_logprobs", "loss.reference=initial", parts.policy, ref.copy_params(params)))
+  elif l.kl_coef > 0:
+    out.append(ref.load_frozen("ref_logprobs", "loss.reference", l.reference, layout, parts.tokenizer, student))
+  if l.distill_teacher:
+    out.append(ref.load_frozen("teacher_logprobs", "loss.distill_teacher", l.distill_teacher, layout,
+                               parts.tokenizer, student))
+  return out
 
 
 def step_log(parts: Parts, start_step: int, resumed: bool, progress: bool, evaluate: Callable[[], dict]) -> StepLog:

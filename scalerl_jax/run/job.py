@@ -90,6 +90,8 @@ class RLJob(Lifecycle):
     elif main:
       (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
     self.trainer.version = self.start_step
+    self.trainer.frozen = build.frozen_policies(p, self.trainer.state, meta is not None, self._stop_now,
+                                                self.progress and main)
     # samples of batch b draw from keys derived from their admission number: continue the numbering on resume
     p.driver.first_uid = self.start_step * p.prompts_here
     if self._stop_now():  # a compilation cannot be interrupted: do not start one after a signal
@@ -126,6 +128,7 @@ class RLJob(Lifecycle):
                 else p.rewards.metrics())
     host["train/groups"] = done.groups
     p.meter.count_tokens(host["rollout/tokens"], done.trained_tokens, p.flops_per_token)
+    p.meter.train_flops += done.frozen_flops  # the reference's / teacher's forward (train/reference.py)
     record = types.StepRecord(step, done.device_metrics, host, done.trained_tokens / done.train_s,
                               time.perf_counter() - t0 - done.compile_s + wait_s, wait_s)
     self.log.hold(record, self.generator_stats)

@@ -1,7 +1,9 @@
 """The trainer's half of a step: a complete scored batch in, one optimizer step out.
 
     ScoredBatch ──pack──► PackedRows ──admission check──► ──rl.prepare──► TrainBatch ──compact to a bucket──►
-    the step compiled for that many groups (micro-batched to fit trainer.max_step_memory_mb) ──► new TrainState
+    [frozen reference / teacher log-probs: one forward each, train/reference.py, when loss.kl_coef or
+    loss.distill_teacher is on] ──► the step compiled for that many groups (micro-batched to fit
+    trainer.max_step_memory_mb) ──► new TrainState
 
 `Trainer.train_on` does only that (and counts non-finite steps, whose update the jitted step does not apply); the
 job logs, evaluates, checkpoints and talks to other processes. It runs on the trainer thread only.
@@ -18,6 +20,7 @@ import jax
 
 from scalerl_jax import distributed, faults, rl, types
 from scalerl_jax.pipeline.batching import build_train_batch, compact_groups, pack_groups
+from scalerl_jax.train import reference
 from scalerl_jax.train.rl_loss import make_rl_loss
 from scalerl_jax.train.step import NonFiniteError, make_train_step, micro_batches_within, temp_bytes
 
@@ -35,6 +38,7 @@ class Trained:
   trained_tokens: int  # token positions the step ran through the model
   train_s: float  # the step's own seconds (its compilation excluded)
   compile_s: float  # seconds spent compiling a bucket's first step
+  frozen_flops: float = 0.0  # analytic FLOPs of the step's frozen forwards (reference, teacher): forward only
 
 
 class Trainer:
@@ -48,6 +52,8 @@ class Trainer:
     self.micro_batches: dict[int, int] = {}  # the micro-batch count per group count (trainer.max_step_memory_mb)
     self._train_steps: dict[int, Callable] = {}  # the jitted train step per micro-batch count
     self._step_fns: dict[int, Callable] = {}  # the compiled train step per group count
+    self.frozen: list = []  # the loss's frozen policies (train/reference.py Frozen), set by the job
+    self._frozen_fns: dict[int, Callable] = {}  # their log-prob forward per micro-batch count
 
   def trained_tokens(self, rows: int) -> int:
     """Token positions a step of `rows` rows runs through the model (each prompt once per group with the
@@ -76,6 +82,7 @@ class Trainer:
     if groups not in self._step_fns:
       p = self.parts
       abstract = types.TrainBatch.abstract(groups * self.shapes.G, self.shapes.T, p.batch_sh, p.engine.routes_Xk)
+      abstract = reference.with_frozen_fields(abstract, self.frozen)
       budget, m = self.cfg.trainer.max_step_memory_mb << 20, self.cfg.trainer.micro_batches
       compiled = self._train_step(m).lower(self.state, abstract).compile()
       fit = micro_batches_within(groups, m, self._step_memory(compiled), budget)
@@ -107,14 +114,27 @@ class Trainer:
     step_fn = self.step_for(groups)  # a bucket's first use compiles: not the step's time
     t_train = time.perf_counter()
     faults.point("train_step")
-    self.state, device_metrics = step_fn(self.state, distributed.from_global(train_batch, p.batch_sh))
+    device_batch = distributed.from_global(train_batch, p.batch_sh)
+    if self.frozen:
+      device_batch = self._frozen_fn(self.micro_batches[groups])(device_batch)
+    self.state, device_metrics = step_fn(self.state, device_batch)
     jax.block_until_ready(self.state.params)  # dispatch is asynchronous: wait, so train time is the step's own
     train_s = time.perf_counter() - t_train
     self.version = step + 1
     skipped = int(device_metrics["skipped"])  # the step has finished (blocked on above): a cheap read
     self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
+    frozen_flops = reference.frozen_flops(self.frozen, groups * self.shapes.G * self.shapes.T, self.shapes.T // 2)
     return Trained(step, device_metrics, packed, prepare_metrics, groups, self.trained_tokens(groups * self.shapes.G),
-                   train_s, t_train - t_compile)
+                   train_s, t_train - t_compile, frozen_flops)
+
+  def _frozen_fn(self, micro_batches: int) -> Callable:
+    """`fill(batch) -> batch` with the frozen policies' log-probs, split like the step's `micro_batches`."""
+    if micro_batches not in self._frozen_fns:
+      p = self.parts
+      self._frozen_fns[micro_batches] = reference.make_reference_fn(
+          self.frozen, self.cfg.rollout.temperature, micro_batches, self.shapes.G if p.prompt_layout else 1,
+          p.batch_sh)
+    return self._frozen_fns[micro_batches]
 
   def skip_error(self, step: int) -> NonFiniteError | None:
     """The error that ends the run once trainer.max_skipped_steps steps in a row were skipped (after step `step`),

@@ -1,6 +1,7 @@
 """The RL loss the train step runs: the policy's log-probs of a TrainBatch's tokens (at the sampling temperature)
 fed to the configured policy loss from `scalerl_jax.rl`. Everything that is a function of params lives here; the
-pure objective of arrays lives in `rl/`. A KL reference joins this file.
+pure objective of arrays lives in `rl/`; the frozen reference's and teacher's log-probs come in the batch
+(train/reference.py computes them once per step).
 
 MoE policies (model.family=moe): the trainer's forward gets the generator's recorded experts (`TrainBatch.routes`,
 replayed when trainer.routing_replay is on), and the router losses are added here, not inside the model:
@@ -47,10 +48,12 @@ def completion_view(batch: types.TrainBatch, cols_BN) -> types.TrainBatch:
   inside_BN = cols_BN < T
   take = lambda x_BT: jnp.take_along_axis(jnp.asarray(x_BT), jnp.minimum(cols_BN, T - 1), axis=1)
   off = lambda x_BN: jnp.where(inside_BN, x_BN, 0)
+  maybe = lambda x_BT: None if x_BT is None else take(x_BT)
   return types.TrainBatch(tokens=take(batch.tokens), loss_mask=off(take(batch.loss_mask)),
                           gen_logprobs=take(batch.gen_logprobs), advantages=batch.advantages,
                           token_weights=off(take(batch.token_weights)),
-                          sample_weights=batch.sample_weights)  # routes: the forward reads them, the loss not
+                          sample_weights=batch.sample_weights,  # routes: the forward reads them, the loss not
+                          ref_logprobs=maybe(batch.ref_logprobs), teacher_logprobs=maybe(batch.teacher_logprobs))
 
 
 def make_rl_loss(policy: Policy, cfg: LossConfig, temperature: float, layout: Optional[PromptLayout] = None,
