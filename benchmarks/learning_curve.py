@@ -24,8 +24,10 @@ from record import save_result  # benchmarks/record.py (this script's folder is 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def run_seed(seed: int, steps, extra, workdir: pathlib.Path, target: float = 0.9) -> dict:
-  run_dir = workdir / f"seed{seed}"
+def run_seed(seed: int, steps, extra, workdir: pathlib.Path, target: float = 0.9, name: str = "") -> dict:
+  """One run of the main job in `workdir`/{name}seed{seed}, its warm start cached in `workdir`/ws_cache (shared by
+  the runs of a seed whatever `name`: the warm start does not depend on the RL keys)."""
+  run_dir = workdir / f"{name}seed{seed}"
   cmd = [sys.executable, str(ROOT / "launch" / "train.py"), f"run_dir={run_dir}", f"seed={seed}", f"data.seed={seed}",
          f"warm_start.cache_dir={workdir / 'ws_cache'}", "logging.progress=false", *extra]
   if steps:

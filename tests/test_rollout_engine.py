@@ -99,6 +99,26 @@ def test_logprobs_equal_trainer_token_logprobs(dtype, tol):
     np.testing.assert_allclose(out["logprobs"], trainer, atol=tol, rtol=0)
 
 
+def test_sampler_temperature_is_a_mismatch_on_purpose():
+  """rollout.sampler_temperature: the engine's default sampling (what the generator uses for training rollouts)
+  runs at it and records log-probs at it, while the trainer's stay at rollout.temperature: the recorded log-probs
+  equal the trainer's at 0.5 and are far from the trainer's at 1.0 (what loss.mismatch then corrects)."""
+  engine = Engine(Policy(CFG), dataclasses.replace(ROLLOUT, temperature=1.0, sampler_temperature=0.5),
+                  one_device_mesh())
+  assert engine.default_sampling.temperature == 0.5
+  assert Engine(Policy(CFG), ROLLOUT, one_device_mesh()).default_sampling.temperature == ROLLOUT.temperature
+  params = flat_params(engine, 1)
+  outs = run(engine, params, PROMPTS, 2, None)
+  at = lambda t: jax.jit(lambda p, x: token_logprobs(engine.policy, p, x, t))
+  gaps = []
+  for i, out in enumerate(outs):
+    prompt = PROMPTS[i // 2]
+    seq = jnp.asarray(np.concatenate([prompt, out["tokens"]])[None])
+    np.testing.assert_allclose(out["logprobs"], np.asarray(at(0.5)(params, seq))[0, len(prompt):], atol=1e-5, rtol=0)
+    gaps.append(np.abs(out["logprobs"] - np.asarray(at(1.0)(params, seq))[0, len(prompt):]).max())
+  assert min(gaps) > 0.05
+
+
 def test_slot_output_does_not_depend_on_its_history(engine, params):
   fresh = run(engine, params, PROMPTS[:1], 1, SAMPLED)[0]
   # Fill every slot with the long prompt first, decode a while, then reuse slot 0 for the short one.

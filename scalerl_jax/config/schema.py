@@ -170,7 +170,11 @@ class RolloutConfig(_Choices):
   prefill_buckets: Tuple[int, ...] = (10,)
   max_new_tokens: int = 14  # think budget (<= 8) + inserted phrase (1) + answer budget (5)
   decode_chunk: int = 12  # decode steps fused into one jitted call
-  temperature: float = 1.0
+  temperature: float = 1.0  # the sampler's and the trainer's (the loss's log-probs are at it too)
+  # the sampler's temperature when it differs from the trainer's: a sampler-trainer mismatch on purpose, the kind an
+  # inference engine with its own sampling settings causes (null = rollout.temperature, no mismatch). For measuring
+  # the corrections of loss.mismatch (benchmarks/mismatch.py); the sampler's log-probs are at this temperature.
+  sampler_temperature: Optional[float] = None
   top_p: float = 1.0
   top_k: int = 0  # 0 = off
   interruption: InterruptionConfig = dataclasses.field(default_factory=InterruptionConfig)

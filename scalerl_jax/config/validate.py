@@ -67,6 +67,10 @@ def validate(cfg: RunConfig) -> RunConfig:
   r = cfg.rollout
   need(r.max_slots > 0, "rollout.max_slots", "must be positive")
   need(r.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)")
+  need(r.sampler_temperature is None or r.sampler_temperature > 0, "rollout.sampler_temperature",
+       "must be > 0 or null (null = rollout.temperature)")
+  need(r.sampler_temperature is None or r.temperature > 0, "rollout.temperature",
+       "must be > 0 with rollout.sampler_temperature set (the trainer's log-probs are at it)")
   need(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
   need(r.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)")
   need(r.decode_chunk > 0, "rollout.decode_chunk", "must be positive")

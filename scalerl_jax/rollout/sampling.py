@@ -45,7 +45,9 @@ class SamplingParams:
 
   @classmethod
   def from_config(cls, cfg: RolloutConfig) -> "SamplingParams":
-    return cls(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
+    """The sampler's settings: rollout.sampler_temperature when set (a mismatch on purpose), else the trainer's."""
+    t = cfg.temperature if cfg.sampler_temperature is None else cfg.sampler_temperature
+    return cls(temperature=t, top_p=cfg.top_p, top_k=cfg.top_k)
 
 
 GREEDY = SamplingParams(temperature=0.0)
