@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from scalerl_jax import rl
-from scalerl_jax.config import LossConfig
+from scalerl_jax.config import ConfigError, LossConfig, load_config
 from scalerl_jax.types import TrainBatch
 
 
@@ -117,6 +117,20 @@ def test_truncated_samples_are_excluded_from_group_stats_and_loss():
   kept = prep(rewards, LossConfig(adv_norm="none", exclude_truncated=False), truncated=truncated)
   # every sample counts: p0 mean 1/3 -> [2/3, -1/3, -1/3]; p1 mean 2/3 -> [1/3, 1/3, -2/3]
   np.testing.assert_allclose(kept.advantages, [2 / 3, -1 / 3, -1 / 3, 1 / 3, 1 / 3, -2 / 3], rtol=1e-6)
+
+
+def test_truncated_reward_scores_truncated_samples_and_keeps_them_in_the_loss():
+  rewards = [[1, 0.5, 0.5], [0.5, 0.5, 0.5]]  # a verifier's fallback paid two truncated samples 0.5
+  truncated = [[False, False, True], [False, True, False]]
+  out = prep(rewards, LossConfig(adv_norm="none", truncated_reward=0.0), truncated=truncated)
+  # p0 [1, 0.5, 0] mean 0.5 -> [0.5, 0, -0.5]; p1 [0.5, 0, 0.5] (zero variance before the override) mean 1/3
+  np.testing.assert_allclose(out.advantages, [0.5, 0, -0.5, 1 / 6, -1 / 3, 1 / 6], atol=1e-6)
+  assert np.all(np.asarray(out.token_weights)[[2, 4], 1:] > 0)  # in the loss, with a negative advantage
+  assert float(out.metrics["reward_mean"]) == pytest.approx((1.5 + 1.0) / 6)
+  plain = prep(rewards, LossConfig(adv_norm="none"), truncated=truncated)  # default: the verifier's score
+  np.testing.assert_allclose(plain.advantages, [1 / 3, -1 / 6, -1 / 6, 0, 0, 0], atol=1e-6)
+  with pytest.raises(ConfigError, match="loss.truncated_reward"):
+    load_config(overrides=["loss.truncated_reward=0", "loss.exclude_truncated=true"])
 
 
 def test_length_penalty_formula():

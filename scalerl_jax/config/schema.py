@@ -214,6 +214,10 @@ class LossConfig(_Choices):
   zero_variance_filter: bool = True
   # truncated samples stay in the loss on the CPU default's tiny budget (the 8B recipe excludes them)
   exclude_truncated: bool = False
+  # the reward of a sample the length budget cut off, whatever its verifier says (null = the verifier's score). 0
+  # keeps it in the loss as a failure, so running into the budget is never a way out of a negative advantage, as it
+  # is when truncated samples are excluded (configs/smollm2_cpu.yaml: the seed that learned to ramble)
+  truncated_reward: Optional[float] = None
   length_penalty: bool = False  # DAPO overlong penalty (the paper's loo-lp), added to correct samples only
   length_penalty_max: int = 24  # L_max
   length_penalty_cache: int = 4  # L_cache

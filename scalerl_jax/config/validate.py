@@ -109,6 +109,8 @@ def validate(cfg: RunConfig) -> RunConfig:
   need(not l.distill_teacher or l.distill_task_reward or not l.zero_variance_filter, "loss.zero_variance_filter",
        "drops the groups whose rewards are all equal, which distillation alone (loss.distill_task_reward=false) "
        "still learns from: set loss.zero_variance_filter=false, or loss.distill_task_reward=true")
+  need(l.truncated_reward is None or not l.exclude_truncated, "loss.truncated_reward",
+       "scores samples that loss.exclude_truncated=true leaves out of the loss: set one of the two")
   need(0 < l.length_penalty_cache < l.length_penalty_max, "loss.length_penalty_cache",
        f"must be in (0, loss.length_penalty_max={l.length_penalty_max})")
   d = cfg.data

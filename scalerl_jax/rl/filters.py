@@ -1,4 +1,5 @@
-"""Reward shaping and sample/group filters: length penalty, truncation exclusion, zero-variance filter.
+"""Reward shaping and sample/group filters: length penalty, truncated samples' reward, truncation exclusion,
+zero-variance filter.
 
 All functions are pure and shape-preserving: a filtered sample or group is never dropped from the arrays, it gets
 a False in a mask (and later zero loss weight), so every batch keeps its fixed shapes under jit.
@@ -23,6 +24,18 @@ def length_penalty(lengths_PG, correct_PG, max_len: int, cache: int):
   lengths_PG = jnp.asarray(lengths_PG, jnp.float32)
   r_len_PG = jnp.clip((max_len - lengths_PG) / cache - 1.0, -1.0, 0.0)
   return jnp.where(jnp.asarray(correct_PG, bool), r_len_PG, 0.0)
+
+
+def truncated_rewards(rewards_PG, truncated_PG, value):
+  """r with every truncated sample's reward set to `value` (loss.truncated_reward; None: r unchanged).
+
+  A truncated completion has no final answer of its own (the budget cut it), whatever a verifier's fallback reads
+  in its last words; scored `value` (0: a failure) it stays in the loss, so a policy under negative advantages
+  cannot escape them by running into the budget, as it can when truncated samples are excluded.
+  """
+  if value is None:
+    return rewards_PG
+  return jnp.where(jnp.asarray(truncated_PG, bool), jnp.float32(value), rewards_PG)
 
 
 def valid_samples(truncated_PG, exclude_truncated: bool):

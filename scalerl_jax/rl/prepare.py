@@ -1,6 +1,7 @@
 """From scored groups to the loss inputs of a TrainBatch: advantages, token weights, sample weights.
 
-    rewards_PG ─► + length penalty (correct samples) ─► valid = not truncated ─► group stats over valid samples
+    rewards_PG ─► + length penalty (correct samples) ─► truncated samples' reward (loss.truncated_reward)
+      ─► valid = not truncated ─► group stats over valid samples
       ─► keep = non-zero-variance groups with loss tokens ─► centred (or leave-one-out) advantages
       ─► prompt | batch | no normalization ─► aggregation weights over the kept samples (global counts)
 
@@ -36,6 +37,7 @@ def prepare(rewards_PG, loss_mask_BT, truncated_PG, cfg: LossConfig, *, lengths_
 
   Steps, in this order:
     1. r' = r + correct * clip((L_max - |y|)/L_cache - 1, -1, 0)           if loss.length_penalty
+       r' = loss.truncated_reward where truncated                          if set (not with exclude_truncated)
     2. valid = not truncated                                               if loss.exclude_truncated
     3. per group over valid samples: n_p, mean, std, zero-variance (exact equality of r')
     4. keep_p = n_p > 0, T_p > 0, and not zero-variance                    if loss.zero_variance_filter
@@ -62,7 +64,7 @@ def prepare(rewards_PG, loss_mask_BT, truncated_PG, cfg: LossConfig, *, lengths_
     if lengths_PG is None or correct_PG is None:
       raise ValueError("loss.length_penalty: prepare() needs lengths_PG and correct_PG")
     penalty_PG = filters.length_penalty(lengths_PG, correct_PG, cfg.length_penalty_max, cfg.length_penalty_cache)
-  shaped_PG = r_PG + penalty_PG
+  shaped_PG = filters.truncated_rewards(r_PG + penalty_PG, truncated_PG, cfg.truncated_reward)
 
   valid_PG = filters.valid_samples(truncated_PG, cfg.exclude_truncated)
   n_P, mean_P, std_P, zero_var_P = filters.group_stats(shaped_PG, valid_PG)
