@@ -25,9 +25,7 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
-from learning_curve import ROOT, run_seed  # benchmarks/ (this script's folder is on sys.path)
+from learning_curve import ROOT, run_seed, spread  # benchmarks/ (this script's folder is on sys.path)
 from record import save_result
 
 
@@ -55,11 +53,6 @@ def reached(curve: list[dict], target: float):
     if c["pass_rate"] >= target:
       return c["step"], c["flops"]
   return None, None
-
-
-def spread(values):
-  v = sorted(x for x in values if x is not None)
-  return [round(v[0], 4), round(float(np.median(v)), 4), round(v[-1], 4)] if v else None
 
 
 def main() -> None:
@@ -114,7 +107,7 @@ def main() -> None:
           f"{len(args.seeds)} at step {band(s['target_step'])}, {band(s['target_flops'])} FLOPs | "
           f"{band(s['flops_final'])} FLOPs in all")
   save_result(args.out, {"seeds": args.seeds, "steps": args.steps, "target": args.target, "teacher": teacher_info,
-                         "conditions": {k: v for k, v in conditions(pathlib.Path("TEACHER")).items()},
+                         "conditions": conditions(pathlib.Path("TEACHER")),
                          "summary": summary, "runs": runs})
 
 

@@ -100,11 +100,16 @@ def main() -> None:
   save_result(args.out, {"summary": summary, "results": results})
 
 
+def spread(values, digits: int = 4):
+  """[min, median, max] of the values that are not None, rounded (None when there are none)."""
+  v = sorted(x for x in values if x is not None)
+  return [round(v[0], digits), round(float(np.median(v)), digits), round(v[-1], digits)] if v else None
+
+
 def summarize(results: list[dict], target: float) -> dict:
   """The spread over seeds: how many reached the target, the median time to it, min/median/max of the rest."""
-  def spread(key):
-    v = sorted(r[key] for r in results)
-    return [round(v[0], 3), round(float(np.median(v)), 3), round(v[-1], 3)]
+  def of(key):
+    return spread([r[key] for r in results], 3)
 
   times = sorted(r["t_target_s"] if r["t_target_s"] is not None else float("inf") for r in results)
   median_t = float(np.median(times))
@@ -112,8 +117,8 @@ def summarize(results: list[dict], target: float) -> dict:
           "reached": sum(r["t_target_s"] is not None for r in results),
           "t_target_median_s": round(median_t, 1) if np.isfinite(median_t) else None,
           "step_target": [r["step_target"] for r in results],
-          "final": spread("final"), "best": spread("best"), "warm_start": spread("warm_start_pass_rate"),
-          "rl_start_s": spread("rl_start_s"), "total_s": spread("total_s")}
+          "final": of("final"), "best": of("best"), "warm_start": of("warm_start_pass_rate"),
+          "rl_start_s": of("rl_start_s"), "total_s": of("total_s")}
 
 
 if __name__ == "__main__":

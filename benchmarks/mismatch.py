@@ -30,7 +30,7 @@ import tempfile
 
 import numpy as np
 
-from learning_curve import ROOT, run_seed  # benchmarks/ (this script's folder is on sys.path)
+from learning_curve import ROOT, run_seed, spread  # benchmarks/ (this script's folder is on sys.path)
 from record import save_result
 
 DIAGNOSTICS = ("mismatch_kl", "mismatch_masked_frac", "mismatch_truncated_frac", "mismatch_ess", "ratio_max",
@@ -71,10 +71,6 @@ def num(value, spec: str) -> str:
 
 def summarize(runs: list[dict]) -> dict:
   """[min, median, max] over seeds of the learning numbers and the diagnostics' medians."""
-  def spread(values):
-    v = sorted(x for x in values if x is not None)
-    return [round(v[0], 4), round(float(np.median(v)), 4), round(v[-1], 4)] if v else None
-
   keys = ("start", "best", "final", "last3", "greedy_final")
   return {**{k: spread([r[k] for r in runs]) for k in keys},
           **{k: spread([r["diagnostics"][k] for r in runs]) for k in DIAGNOSTICS}}
