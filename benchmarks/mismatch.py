@@ -72,8 +72,8 @@ def num(value, spec: str) -> str:
 def summarize(runs: list[dict]) -> dict:
   """[min, median, max] over seeds of the learning numbers and the diagnostics' medians."""
   keys = ("start", "best", "final", "last3", "greedy_final")
-  return {**{k: spread([r[k] for r in runs]) for k in keys},
-          **{k: spread([r["diagnostics"][k] for r in runs]) for k in DIAGNOSTICS}}
+  return {**{k: spread([r[k] for r in runs]) for k in keys},  # the diagnostics unrounded: KL can be 1e-9
+          **{k: spread([r["diagnostics"][k] for r in runs], digits=12) for k in DIAGNOSTICS}}
 
 
 def main() -> None:
