@@ -277,6 +277,10 @@ class RewardConfig(_Choices):
   # scale's lowest reward (0 under 01, -1 under pm1), so a failed verification never beats a wrong answer
   on_failure: Optional[float] = None
   scale: RewardScale = "01"
+  # data.task=word_problems (rewards.verifiers.boxed_answer_reward; a right boxed answer earns 1): what a right
+  # final answer left unboxed earns, and what a boxed wrong number earns
+  unboxed_reward: float = 0.5
+  boxed_wrong_reward: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

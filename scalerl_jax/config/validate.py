@@ -124,6 +124,8 @@ def validate(cfg: RunConfig) -> RunConfig:
   need(rw.on_failure is None or rw.on_failure <= lowest, "reward.on_failure",
        f"must be at most the lowest reward of reward.scale={rw.scale} ({lowest:g}) or null, so a failed "
        "verification never scores above a wrong answer")
+  need(0 <= rw.unboxed_reward < 1, "reward.unboxed_reward", "must be in [0, 1): a right boxed answer earns 1")
+  need(0 <= rw.boxed_wrong_reward < 1, "reward.boxed_wrong_reward", "must be in [0, 1): a right boxed answer earns 1")
   need(d.num_eval > 0, "data.num_eval", "must be positive (the held-out set the curve is measured on)")
   need(d.task == "file" or d.num_train > 0, "data.num_train", "must be positive")
   need(0 < d.npr.threshold <= 1, "data.npr.threshold", "must be in (0, 1]")
