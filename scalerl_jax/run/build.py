@@ -137,7 +137,7 @@ def build(cfg: RunConfig, between: Optional[Callable[[], None]] = None, transfer
   s = types.StepShapes.from_config(cfg)
   # this process's shard of the prompt stream (a disaggregated trainer draws none; its cursor keeps NPR only)
   shard = (topo.generators.index(topo.process_index), len(topo.generators)) if topo.generates else (0, 1)
-  policy = make_policy(cfg.model)
+  policy = make_policy(cfg.model, cfg.lora)  # with lora.rank > 0: adapters beside the weights, which stay frozen
   tokenizer = make_tokenizer(d, vocab_size=cfg.model.vocab_size)
   validate_with_tokenizer(cfg, tokenizer)
   task = make_task(d)
@@ -193,8 +193,10 @@ def initial_state(parts: Parts, stop: Callable[[], bool], progress: bool, summar
 
 def start_params(parts: Parts, stop: Callable[[], bool], progress: bool, summary: dict) -> Any:
   """The params a fresh run starts from on the trainer mesh (model.pretrained's, or the warm start's, from its cache
-  when there), or None for the seed's init (init_train_state)."""
+  when there; with adapters, those as the frozen base with fresh adapters beside them), or None for the seed's
+  init (init_train_state)."""
   cfg, layout = parts.cfg, parts.trainer_layout
+  base = make_policy(cfg.model)  # the model without adapters: what checkpoints and the warm start hold
   params = None
   if cfg.model.pretrained:
     from scalerl_jax.model.hf import load_pretrained
@@ -205,13 +207,15 @@ def start_params(parts: Parts, stop: Callable[[], bool], progress: bool, summary
     if parts.exchange.votes:  # a vote is a collective that waits for the step: at validations only
       every, calls, vote = cfg.warm_start.eval_every, itertools.count(1), stop
       stop = lambda: next(calls) % every == 0 and vote()  # noqa: E731
-    params, info = warm_start(cfg, parts.policy, layout, parts.task, parts.tokenizer, progress=progress,
-                              stop=stop)
+    params, info = warm_start(cfg, base, layout, parts.task, parts.tokenizer, progress=progress, stop=stop)
     summary.update(info)
     if info.get("warm_start/stopped"):
       n = info["warm_start/steps"]
       raise Stopped(f"during the warm start ({n} supervised step{'s' * (n != 1)} taken, not cached: the next "
                     "start warms up afresh)")
+  if params is not None and parts.policy.lora is not None:
+    shardings = layout.shardings(parts.policy.logical_axes, parts.policy.param_shapes)
+    params = parts.policy.attach_adapters(params, cfg.seed, shardings)
   return params
 
 
