@@ -166,3 +166,88 @@ def test_targets_choose_the_adapted_projections():
 def test_bad_lora_keys_are_refused_by_name(override, key):
   with pytest.raises(ConfigError, match=key):
     validate(RunConfig(lora=LoraConfig(**override)))
+
+
+def test_a_lora_run_checkpoints_its_adapters_alone_resumes_them_and_refuses_another_base(tmp_path):
+  """The main job with lora.rank: weight syncs after the first move the adapters alone; the checkpoint holds the
+  adapters, their optimizer state and the step, and names the base by source and checksum; a resume joins them to
+  the rebuilt base and continues; a base that changed under the same config is refused by name and checksum."""
+  import orbax.checkpoint as ocp
+
+  from scalerl_jax.train.checkpoint import ResumeError
+  from tests.pipeline_helpers import read_metrics, tiny_job
+
+  lora_keys = ["lora.rank=4", "lora.targets=[q,v,down]", "pipeline.eval_every=0"]
+  job = tiny_job(tmp_path, *lora_keys, "pipeline.steps=4")
+  job.run()
+  adapters = lora.count(job.state.params)
+  syncs = [r["pipeline/weight_sync_bytes"] for r in read_metrics(tmp_path) if "pipeline/weight_sync_bytes" in r]
+  assert syncs and all(b == 4 * adapters for b in syncs)  # float32 adapters, nothing else
+  step_dir = tmp_path / "checkpoints" / "4"
+  meta = ocp.CheckpointManager(tmp_path / "checkpoints").restore(
+      4, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+  assert meta["base"]["source"] == "the init of seed 0" and len(meta["base"]["checksum"]) == 16
+  held = [k for k in meta["state_digest"] if k.startswith(".params")]
+  assert held and all("_lora" in k for k in held)  # no base array in the checkpoint
+  assert all("_lora" in k for k in meta["state_digest"] if k.startswith(".opt_state") and "mu" in k)
+  trained = jax.tree.map(np.asarray, job.state.params)
+
+  again = tiny_job(tmp_path, *lora_keys, "pipeline.steps=6")
+  again.setup()
+  try:
+    assert again.start_step == 4
+    for path, x in jax.tree_util.tree_leaves_with_path(again.state.params):  # adapters and base as they were
+      np.testing.assert_array_equal(np.asarray(x), dict(jax.tree_util.tree_leaves_with_path(trained))[path])
+  finally:
+    again.release()
+
+  # exports: the merged model (base + scale A B) that load_pretrained reads back with the adapted model's
+  # log-probs, and the PEFT adapter directory that reads back exactly
+  import importlib.util
+  import pathlib
+
+  from scalerl_jax.model import load_pretrained
+  from scalerl_jax.model.lora_export import read_peft
+  spec = importlib.util.spec_from_file_location("export_cli", pathlib.Path(__file__).parents[1] / "launch" / "export.py")
+  cli = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(cli)
+  assert cli.main([str(tmp_path), "--out", str(tmp_path / "merged"), "--family", "llama"]) == 0
+  assert cli.main([str(tmp_path), "--out", str(tmp_path / "peft"), "--family", "llama", "--adapter"]) == 0
+  policy = job.parts.policy
+  merged = load_pretrained(str(tmp_path / "merged"))
+  assert not any("_lora" in k for k in _leaves(merged.params))
+  tokens = jax.random.randint(jax.random.key(4), (2, 10), 0, 32)
+  adapted = token_logprobs(policy, job.state.params, tokens)
+  np.testing.assert_allclose(np.asarray(token_logprobs(merged.policy, merged.params, tokens)), np.asarray(adapted),
+                             atol=1e-5)
+  # the adapters trained: the model without them (B = 0) differs, so the merge really added them
+  no_adapters = jax.tree_util.tree_map_with_path(
+      lambda p, x: jnp.zeros_like(x) if lora.is_adapter(p) and p[-1].key == "b" else x, job.state.params)
+  assert float(jnp.abs(token_logprobs(policy, no_adapters, tokens) - adapted).max()) > 1e-4
+  back = read_peft(tmp_path / "peft", policy)
+  for path, x in jax.tree_util.tree_leaves_with_path(policy.split_trainable(job.state.params)[0]):
+    np.testing.assert_array_equal(np.asarray(dict(jax.tree_util.tree_leaves_with_path(back))[path]), np.asarray(x))
+
+  # a resume whose base is not the one the adapters were trained on (here the init of another seed; a
+  # model.pretrained whose files changed alike)
+  other = tiny_job(tmp_path, *lora_keys, "pipeline.steps=6", "seed=1")
+  try:
+    with pytest.raises(ResumeError, match=f"{step_dir}: its adapters were trained on the base the init of seed 0 "
+                                          f"\\(checksum {meta['base']['checksum']}\\), but this run's base the init of "
+                                          "seed 1 has checksum"):
+      other.setup()
+  finally:
+    other.release()
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3"])
+def test_peft_loads_the_adapter_export_onto_its_base(name):
+  """Recorded by the dev-only tools/make_hf_fixtures.py --check-peft (tools/README.md): peft.PeftModel loaded our
+  PEFT export of random adapters onto the fixture, and its logits equalled our merged export's under transformers."""
+  import json
+  import pathlib
+  check = json.loads((pathlib.Path(__file__).parent / "fixtures" / "hf" / name / "reference.json").read_text())
+  check = check["peft_check"]
+  assert check["logits_max_abs_diff"] < 1e-4 < check["adapters_move_logits_by"]
+  assert check["merged_weights_max_abs_diff"] < 1e-5
+  assert set(check["target_modules"]) == {f"{t}_proj" for t in ("q", "k", "v", "o", "gate", "up", "down")}
