@@ -12,6 +12,7 @@ per-evaluation curve against step and compute).
 import argparse
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,11 +33,13 @@ def run_seed(seed: int, steps, extra, workdir: pathlib.Path, target: float = 0.9
          f"warm_start.cache_dir={workdir / 'ws_cache'}", "logging.progress=false", *extra]
   if steps:
     cmd.append(f"pipeline.steps={steps}")
+  timer = [t, "-f", "peak_rss_kb=%M"] if (t := shutil.which("time")) else []  # GNU time: the run's peak RSS
   start = time.time()
-  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+  proc = subprocess.run([*timer, *cmd], cwd=ROOT, capture_output=True, text=True)
   total = time.time() - start
   if proc.returncode != 0:
     raise RuntimeError(f"seed {seed} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+  rss = [l for l in proc.stderr.splitlines() if l.startswith("peak_rss_kb=")]
   rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
   evals = [r for r in rows if r.get("eval/pass_rate") is not None]
   r0 = evals[0]["eval/pass_rate"]
@@ -60,6 +63,7 @@ def run_seed(seed: int, steps, extra, workdir: pathlib.Path, target: float = 0.9
       "best": best["eval/pass_rate"], "best_step": best["step"], "final": evals[-1]["eval/pass_rate"],
       "greedy_start": evals[0].get("eval/greedy_pass_at_1"), "greedy_final": evals[-1].get("eval/greedy_pass_at_1"),
       "total_s": round(total, 1), "report": proc.stdout.strip().splitlines()[-8:],
+      "peak_rss_gb": round(int(rss[-1].split("=")[1]) / 2 ** 20, 3) if rss else None,
       "curve": [{"step": r["step"], "pass_rate": r["eval/pass_rate"], "greedy": r.get("eval/greedy_pass_at_1"),
                  "accelerator_seconds": r.get("compute/accelerator_seconds"), "flops": r.get("compute/flops"),
                  "t_s": round(r["time/unix"] - start, 1)} for r in evals],

@@ -1,7 +1,7 @@
 """Export a run's policy as a Hugging Face checkpoint (safetensors + config.json + tokenizer files).
 
   python launch/export.py RUN_DIR --out DIR [--step N] [--dtype float32|bfloat16|float16] [--source HF_DIR]
-                          [--family llama|qwen2|qwen3]
+                          [--family llama|qwen2|qwen3] [--adapter]
 
 Reads RUN_DIR/config.yaml, restores the params of the latest intact checkpoint (or exactly checkpoint --step N) on
 one device and writes them with `scalerl_jax.model.hf_export.export_pretrained`. The Hugging Face checkpoint the
@@ -10,6 +10,11 @@ tokenizer files (a GGUF source: its metadata, and the tokenizer files built from
 writes them); a run whose model was not imported needs --family. --out may not be (or hold) the source
 checkpoint or RUN_DIR. An export without a tokenizer.json (a character-tokenizer run) says so, and why, in a
 warning line. A user error prints as `export.py: error: ...` and exits 2.
+
+A run that trained adapters (lora.rank > 0) exports its model with the adapters merged into the base (W + scale A B),
+the base rebuilt as the run built it (model.pretrained, or the seed's init; a warm-started base is not rebuilt here)
+and checked against the checkpoint's record of it; or, with --adapter, the adapters alone as a PEFT adapter directory
+(adapter_config.json + adapter_model.safetensors, scalerl_jax/model/lora_export.py), which needs no base.
 """
 
 import argparse
@@ -33,6 +38,8 @@ def parse_args(argv=None):
   p.add_argument("--source", metavar="HF_DIR", help="the Hugging Face checkpoint the run's model was imported from "
                  "(default: the run's model.pretrained)")
   p.add_argument("--family", help="llama, qwen2 or qwen3 (default: --source's model_type)")
+  p.add_argument("--adapter", action="store_true", help="a run with adapters (lora.rank > 0): write them alone as "
+                 "a PEFT adapter directory instead of the merged model")
   p.add_argument("--verbose", action="store_true", help="also show the libraries' INFO logs (jax, orbax, ...)")
   return p.parse_args(argv)
 
@@ -49,35 +56,61 @@ def run_config(run_dir: pathlib.Path):
   return load_config(run_dir / "config.yaml")
 
 
-def restore_params(run_dir: pathlib.Path, cfg, step=None):
-  """(step, params) of the run's checkpoint, restored on one device."""
+def restore_params(run_dir: pathlib.Path, cfg, step=None, adapters_only: bool = False):
+  """(step, params, policy) of the run's checkpoint, restored on one device. A run with adapters: its adapters on
+  their rebuilt base (or, `adapters_only`, the adapters alone: None at the base's leaves)."""
   import jax
 
   from scalerl_jax.mesh import TRAIN_RULES, Layout, make_mesh
-  from scalerl_jax.model import make_policy
+  from scalerl_jax.model import lora, make_policy
+  from scalerl_jax.run.build import base_record, check_base, checkpointed
   from scalerl_jax.train.checkpoint import RunCheckpointer
   from scalerl_jax.train.state import make_optimizer, restore_target, state_shardings
+  from scalerl_jax.types import RunMeta
 
   ckpt_dir = run_dir / "checkpoints"
   if not ckpt_dir.is_dir() or not any(p.name.isdigit() for p in ckpt_dir.iterdir()):
     raise UserError(f"no checkpoint in {ckpt_dir}")
-  policy, optimizer = make_policy(cfg.model), make_optimizer(cfg.optimizer)
+  policy, optimizer = make_policy(cfg.model, cfg.lora), make_optimizer(cfg.optimizer)
   layout = Layout(make_mesh("data=1,fsdp=1,tensor=1,expert=1", jax.devices()[:1]), TRAIN_RULES)
-  target = restore_target(policy, optimizer, state_shardings(policy, optimizer, layout))
+  target = checkpointed(policy, restore_target(policy, optimizer, state_shardings(policy, optimizer, layout)))
   ckpt = RunCheckpointer(ckpt_dir, cfg.checkpoint.keep)
   try:
     if step is None:
       found = ckpt.restore_latest_intact(target, cfg)
       if found is None:
         raise UserError(f"no checkpoint in {ckpt_dir}")
-      step, state, _ = found
+      step, state, meta = found
     else:
       if step not in ckpt.all_steps():
         raise UserError(f"no checkpoint {step} in {ckpt_dir} (there are: {', '.join(map(str, ckpt.all_steps()))})")
-      state, _ = ckpt.restore(target, cfg, step)
+      state, meta = ckpt.restore(target, cfg, step)
   finally:
     ckpt.close()
-  return step, state.params
+  if policy.lora is None or adapters_only:
+    return step, state.params, policy
+  base = rebuilt_base(cfg, layout)
+  check_base(RunMeta.from_json(meta).base, base_record(cfg, base), ckpt_dir / str(step))
+  return step, lora.attach(base, state.params), policy
+
+
+def rebuilt_base(cfg, layout):
+  """The frozen base a run with adapters trained on, rebuilt as the run built it: model.pretrained's weights or
+  the seed's init (a warm start is not rerun here: export such a run with --adapter)."""
+  import jax
+
+  from scalerl_jax.model import make_policy
+  if cfg.model.pretrained:
+    from scalerl_jax.model.hf import load_pretrained
+    m = cfg.model
+    return load_pretrained(m.pretrained, dtype=m.param_dtype, mesh=layout.mesh, rules=layout.rules,
+                           max_seq_len=m.max_seq_len).params
+  if cfg.warm_start.enabled and cfg.data.task != "file":
+    raise UserError("the run's adapters sit on its warm start, which export does not rerun: pass --adapter for the "
+                    "adapters alone (a PEFT directory)")
+  base = make_policy(cfg.model)
+  return jax.jit(base.init, out_shardings=layout.shardings(base.logical_axes, base.param_shapes))(
+      jax.random.key(cfg.seed))
 
 
 def main(argv=None) -> int:
@@ -112,7 +145,18 @@ def main(argv=None) -> int:
     gguf = gguf_path(source) if source is not None else None
     if gguf is not None:  # the tokenizer first: an unsupported one is refused before the restore
       read_vocab(gguf)
-    step, params = restore_params(pathlib.Path(args.run_dir), cfg, args.step)
+    if args.adapter and cfg.lora.rank == 0:
+      raise UserError("--adapter: the run trained no adapters (lora.rank = 0)")
+    step, params, policy = restore_params(pathlib.Path(args.run_dir), cfg, args.step, adapters_only=args.adapter)
+    if args.adapter:
+      from scalerl_jax.model.lora_export import export_peft
+      out = export_peft(params, policy, args.out, base_name=source or cfg.model.pretrained, dtype=dtype,
+                        family=args.family or family_of_source(source))
+      print(f"exported the adapters of checkpoint {step} of {args.run_dir} to {out} (PEFT, {dtype})")
+      return 0
+    if policy.lora is not None:
+      from scalerl_jax.model.lora_export import merge
+      params = merge(params, policy)
     if gguf is not None:
       out = export_with_gguf_source(params, cfg.model, args.out, gguf, dtype=dtype, family=args.family)
     else:
@@ -125,6 +169,14 @@ def main(argv=None) -> int:
   if not (out / "tokenizer.json").is_file():
     print(f"warning: no Hugging Face tokenizer was exported: {no_tokenizer_reason(cfg, source)}")
   return 0
+
+
+def family_of_source(source):
+  """The Hugging Face model_type of a source checkpoint directory (None for none, or a GGUF file: llama)."""
+  if source is None or not pathlib.Path(source).is_dir():
+    return None
+  from scalerl_jax.model.hf import read_json
+  return read_json(pathlib.Path(source) / "config.json").get("model_type")
 
 
 def no_tokenizer_reason(cfg, source) -> str:

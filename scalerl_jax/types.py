@@ -233,11 +233,15 @@ class RunMeta:
   reward_states: Optional[list] = None  # every scoring process's totals (None in one process: `rewards`)
   last_eval_step: int = -1
   summary: dict = dataclasses.field(default_factory=dict)  # numbers and strings of the run's summary so far
+  # lora.rank > 0: the checkpoint holds the adapters alone; the frozen base they were trained on, by its source
+  # (model.pretrained, the warm start or the seed's init) and its params_checksum, which a resume must match
+  base: Optional[dict] = None
 
   def to_json(self) -> dict:
     return {"step": self.step, "version": self.step, "seed": self.seed, "data_states": self.data_states,
             "npr": self.npr, "compute": self.compute, "rewards": self.rewards, "reward_states": self.reward_states,
-            "last_eval_step": self.last_eval_step, "fingerprint": self.fingerprint, "summary": self.summary}
+            "last_eval_step": self.last_eval_step, "fingerprint": self.fingerprint, "summary": self.summary,
+            "base": self.base}
 
   @classmethod
   def from_json(cls, meta: dict) -> "RunMeta":
@@ -248,4 +252,5 @@ class RunMeta:
                compute=meta["compute"], fingerprint=meta.get("fingerprint", {}),
                # remove after 2027-06: checkpoints of one process held only "rewards", without "reward_states"
                rewards=meta.get("rewards"), reward_states=meta.get("reward_states"),
-               last_eval_step=meta.get("last_eval_step", -1), summary=meta.get("summary", {}))
+               last_eval_step=meta.get("last_eval_step", -1), summary=meta.get("summary", {}),
+               base=meta.get("base"))

@@ -205,3 +205,23 @@ def test_boxed_answer_takes_the_last_balanced_box():
   assert boxed_answer("\\boxed{\\frac{1}{2}} then \\boxed{ 7 }") == "7"
   assert boxed_answer("\\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
   assert boxed_answer("\\boxed{74") is None and boxed_answer("74") is None and boxed_answer("\\boxed{}") is None
+
+
+def test_reward_keys_set_the_word_problem_reward_table_in_the_runner_and_its_workers():
+  """reward.unboxed_reward / boxed_wrong_reward reach boxed_answer_reward wherever it runs (math-verify runs it in
+  worker processes); the defaults pay 0.5 and 0."""
+  from scalerl_jax.config.schema import RewardConfig
+  from scalerl_jax.rewards.runner import make_reward_runner
+  texts = ["The answer is \\boxed{74}.", "44 + 30 = 74.", "The answer is \\boxed{70}.", "So 70."]
+  try:
+    for table, want in (((0.5, 0.0), [1.0, 0.5, 0.0, 0.0]), ((0.25, 0.1), [1.0, 0.25, 0.1, 0.0])):
+      cfg = RewardConfig(unboxed_reward=table[0], boxed_wrong_reward=table[1], workers=1)
+      runner = make_reward_runner(cfg, {"": "word_problems"})
+      try:
+        assert runner.isolation == "process"
+        assert runner.score_batch(texts, ["74"] * 4).rewards.tolist() == pytest.approx(want)
+      finally:
+        runner.close()
+  finally:
+    from scalerl_jax.rewards.verifiers import configure_boxed
+    configure_boxed(0.5, 0.0)

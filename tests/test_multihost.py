@@ -141,6 +141,24 @@ def test_disaggregated_weights_lag_and_resume(tmp_path):
   assert [r["pipeline/version"] for r in read_metrics(run_dir)[1:]] == list(range(1, 7))
 
 
+def test_disaggregated_adapters_sync_alone_onto_the_generators_base(tmp_path):
+  """lora.rank > 0, process 0 trains, process 1 generates: after the first sync only the adapters cross between the
+  processes, and the generator's whole model (its base + the adapters received) is the trainer's after every one."""
+  from scalerl_jax.model import lora, make_policy
+  run_dir = tmp_path / "lora"
+  overrides = ("mesh.generator_processes=1", "pipeline.max_lag=1", "logging.every_process=true", "lora.rank=4",
+               "lora.targets=[q,v,down]")
+  _ok(run_processes(run_dir, "pipeline.steps=3", *overrides))
+  metrics = read_metrics(run_dir)[1:]
+  received = {r["version"]: r["checksum"] for r in read_jsonl(run_dir / "weights.process1.jsonl")}
+  sent = {r["pipeline/version"]: r["pipeline/weight_checksum"] for r in metrics}
+  assert len(set(sent.values())) == len(sent) == 3 and {v: received[v] for v in sent} == sent
+  cfg = tiny_config(run_dir, *overrides)
+  policy = make_policy(cfg.model, cfg.lora)
+  adapter_bytes = 4 * lora.count(policy.param_shapes)  # float32
+  assert all(r["pipeline/weight_sync_bytes"] == adapter_bytes for r in metrics)
+
+
 def test_one_trainer_and_two_generators(tmp_path):
   """Three processes (2 devices each): process 0 trains, processes 1 and 2 each generate half of every batch."""
   run_dir = tmp_path / "three"

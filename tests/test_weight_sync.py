@@ -35,3 +35,35 @@ def test_box_versions_only_grow():
   with pytest.raises(ValueError, match="versions only grow"):
     sync.box.publish({"w": jnp.zeros(2)}, 2)
   assert isinstance(sync.box, WeightBox)
+
+
+def test_adapter_syncs_move_the_adapters_alone_onto_the_generators_base():
+  """lora.rank > 0: the first sync moves the whole tree; later ones only the adapters (their bytes), joined on the
+  generator side with the base it received first."""
+  from scalerl_jax.config import LoraConfig, ModelConfig
+  from scalerl_jax.mesh import ROLLOUT_RULES, Layout
+  from scalerl_jax.model import lora, make_policy
+
+  cfg = ModelConfig(vocab_size=32, hidden=32, intermediate=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
+  policy = make_policy(cfg, LoraConfig(rank=4, targets=("q", "v", "down")))
+  layout = Layout(make_mesh("data=1", jax.devices()[:1]), ROLLOUT_RULES)
+  shardings = layout.shardings(policy.logical_axes, policy.param_shapes)
+  params = policy.init(0)
+  sync = WeightSync(shardings, params, version=0, policy=policy)
+  whole = sum(x.nbytes for x in jax.tree.leaves(params))
+  assert sync.last_bytes == whole
+  # the trainer's next params: adapters moved; the base too, which a frozen base never does, so that the test sees
+  # which part travelled
+  moved = jax.tree_util.tree_map_with_path(lambda p, x: x + (1.0 if lora.is_adapter(p) else 5.0), params)
+  sync.publish(moved, 1)
+  got, version = sync.box.latest()
+  adapter_bytes = 4 * lora.count(params)
+  assert version == 1 and sync.last_bytes == adapter_bytes < whole / 4
+  for path, x in jax.tree_util.tree_leaves_with_path(got):
+    want = jax.tree_util.tree_leaves_with_path(moved if lora.is_adapter(path) else params)
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(dict(want)[path]))
+  # without adapters every sync moves the whole tree
+  plain = make_policy(cfg)
+  full = WeightSync(layout.shardings(plain.logical_axes, plain.param_shapes), plain.init(0), 0, policy=plain)
+  full.publish(plain.init(1), 1)
+  assert full.last_bytes == sum(x.nbytes for x in jax.tree.leaves(plain.init(1)))

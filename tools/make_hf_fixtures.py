@@ -420,6 +420,41 @@ def check_export(exported: pathlib.Path, fixture: pathlib.Path) -> dict:
   return ref["export_check"]
 
 
+def check_peft(d: pathlib.Path, fixture: pathlib.Path) -> dict:
+  """Loads `d`/adapter (scalerl_jax's export_peft of adapters on `fixture`'s weights) onto the fixture with peft's
+  PeftModel, and `d`/merged (scalerl_jax's merge of the same adapters, exported) with transformers: the two give the
+  same logits, which differ from the fixture's own (the adapters act), and peft's merge_and_unload gives the merged
+  export's weights. Records the result as `peft_check` in the fixture's reference.json."""
+  import peft
+  ref = json.loads((fixture / "reference.json").read_text())
+  want = safetensors.torch.load_file(str(fixture / "reference_logits.safetensors"))
+  ids, mask = want["input_ids"], want["attention_mask"]
+  base = transformers.AutoModelForCausalLM.from_pretrained(str(fixture), dtype=torch.float32,
+                                                           attn_implementation="eager").eval()
+  adapted = peft.PeftModel.from_pretrained(base, str(d / "adapter")).eval()
+  merged = transformers.AutoModelForCausalLM.from_pretrained(str(d / "merged"), dtype=torch.float32,
+                                                             attn_implementation="eager").eval()
+  with torch.no_grad():
+    peft_logits = adapted(input_ids=ids, attention_mask=mask).logits
+  diff = max_diff(peft_logits, logits_of(merged, ids, mask), mask)
+  moved = max_diff(peft_logits, want["logits"], mask)
+  assert diff < 1e-4, f"{d}: PEFT's adapted logits differ from the merged export's by {diff}"
+  assert moved > 1e-2, f"{d}: the adapters do not change the logits ({moved})"
+  unloaded = adapted.merge_and_unload().state_dict()
+  weights = max(float((unloaded[k] - v).abs().max()) for k, v in merged.state_dict().items())
+  assert weights < 1e-5, f"{d}: merge_and_unload's weights differ from the merged export's by {weights}"
+  config = json.loads((d / "adapter" / "adapter_config.json").read_text())
+  ref["peft_check"] = {
+      "what": "scalerl_jax's export_peft of random adapters on this fixture (tools/README.md), loaded by "
+              "peft.PeftModel onto it: its logits against scalerl_jax's merged export loaded by transformers, and "
+              "merge_and_unload's weights against the merged export's",
+      "r": config["r"], "lora_alpha": config["lora_alpha"], "target_modules": config["target_modules"],
+      "logits_max_abs_diff": diff, "adapters_move_logits_by": moved, "merged_weights_max_abs_diff": weights,
+      "versions": {"peft": peft.__version__, "transformers": transformers.__version__, "torch": torch.__version__}}
+  (fixture / "reference.json").write_text(json.dumps(ref, indent=2, sort_keys=True) + "\n")
+  return ref["peft_check"]
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", default="tests/fixtures/hf", help="fixture root; each family's directories in it are replaced")
@@ -427,6 +462,8 @@ def main() -> None:
   ap.add_argument("--check-export", nargs="+", metavar="DIR", help="instead: check exported directories with "
                   "transformers, each against the fixture of its name in --out (DIR/../qwen3 -> OUT/qwen3), and "
                   "record the result in that fixture's reference.json")
+  ap.add_argument("--check-peft", nargs="+", metavar="DIR", help="instead: check DIR/adapter (a PEFT export) and "
+                  "DIR/merged with peft and transformers against the fixture of DIR's name; record it likewise")
   args = ap.parse_args()
   torch.set_num_threads(1)
   torch.use_deterministic_algorithms(True)
@@ -436,6 +473,10 @@ def main() -> None:
   if args.check_export:
     for d in map(pathlib.Path, args.check_export):
       print(f"{d}: {json.dumps(check_export(d, root / d.name))}", file=sys.stderr)
+    return
+  if args.check_peft:
+    for d in map(pathlib.Path, args.check_peft):
+      print(f"{d}: {json.dumps(check_peft(d, root / d.name))}", file=sys.stderr)
     return
   for name in args.families.split(","):
     for d in root.glob(f"{name}*"):

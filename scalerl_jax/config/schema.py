@@ -130,6 +130,21 @@ class ModelConfig(_Choices):
     return self.moe_intermediate or self.intermediate
 
 
+# the projections a low-rank adapter can target, by the name of their param (model/layers.py, model/moe.py)
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+  """Low-rank adapters (scalerl_jax/model/lora.py): with rank > 0 the model's weights are frozen and each targeted
+  projection W trains an adapter, y = x W + (alpha / rank) (x A) B, B starting at zero (the first step's model is the
+  base). MoE layers adapt each expert's gate / up / down with its own adapter; the router is never adapted."""
+  rank: int = 0  # 0 = off: every weight trains
+  alpha: float = 16.0  # the adapters' output scale is alpha / rank
+  dropout: float = 0.0  # dropout on the adapters' input (not implemented: must be 0)
+  targets: Tuple[str, ...] = LORA_TARGETS  # the projections adapted
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
   # Trainer mesh, e.g. "data=1,fsdp=4,tensor=2,expert=1"; one axis may be -1 (inferred from the device count).
@@ -277,6 +292,10 @@ class RewardConfig(_Choices):
   # scale's lowest reward (0 under 01, -1 under pm1), so a failed verification never beats a wrong answer
   on_failure: Optional[float] = None
   scale: RewardScale = "01"
+  # data.task=word_problems (rewards.verifiers.boxed_answer_reward; a right boxed answer earns 1): what a right
+  # final answer left unboxed earns, and what a boxed wrong number earns
+  unboxed_reward: float = 0.5
+  boxed_wrong_reward: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -399,6 +418,7 @@ class RunConfig:
   run_dir: str = "runs/cpu_default"
   seed: int = 0
   model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+  lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
   rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
   loss: LossConfig = dataclasses.field(default_factory=LossConfig)
@@ -463,6 +483,8 @@ __all__ = [
     "DataConfig",
     "InterruptionConfig",
     "KVCacheDType",
+    "LORA_TARGETS",
+    "LoraConfig",
     "LoggingConfig",
     "LongPrompts",
     "LossConfig",

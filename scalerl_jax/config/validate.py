@@ -8,7 +8,7 @@ import math
 import pathlib
 from typing import Any
 
-from scalerl_jax.config.schema import ConfigError, ModelConfig, RunConfig
+from scalerl_jax.config.schema import LORA_TARGETS, ConfigError, ModelConfig, RunConfig
 
 
 def validate(cfg: RunConfig) -> RunConfig:
@@ -117,6 +117,13 @@ def validate(cfg: RunConfig) -> RunConfig:
   need(d.prompts_per_step > 0, "data.prompts_per_step", "must be positive")
   need(d.samples_per_prompt > 1, "data.samples_per_prompt", "must be >= 2 (advantages are group-relative)")
   need(d.task != "file" or bool(d.path), "data.path", "is required when data.task=file")
+  lo = cfg.lora
+  need(lo.rank >= 0, "lora.rank", "must be >= 0 (0: no adapters, every weight trains)")
+  if lo.rank > 0:
+    need(lo.alpha > 0, "lora.alpha", "must be positive")
+    need(lo.dropout == 0, "lora.dropout", "must be 0: adapter dropout is not implemented")
+    need(bool(lo.targets) and set(lo.targets) <= set(LORA_TARGETS), "lora.targets",
+         f"must be a non-empty list of {', '.join(LORA_TARGETS)}")
   rw = cfg.reward
   need(rw.timeout_s > 0, "reward.timeout_s", "must be positive")
   need(rw.workers >= 1, "reward.workers", "must be >= 1")
@@ -124,6 +131,8 @@ def validate(cfg: RunConfig) -> RunConfig:
   need(rw.on_failure is None or rw.on_failure <= lowest, "reward.on_failure",
        f"must be at most the lowest reward of reward.scale={rw.scale} ({lowest:g}) or null, so a failed "
        "verification never scores above a wrong answer")
+  need(0 <= rw.unboxed_reward < 1, "reward.unboxed_reward", "must be in [0, 1): a right boxed answer earns 1")
+  need(0 <= rw.boxed_wrong_reward < 1, "reward.boxed_wrong_reward", "must be in [0, 1): a right boxed answer earns 1")
   need(d.num_eval > 0, "data.num_eval", "must be positive (the held-out set the curve is measured on)")
   need(d.task == "file" or d.num_train > 0, "data.num_train", "must be positive")
   need(0 < d.npr.threshold <= 1, "data.npr.threshold", "must be in (0, 1]")

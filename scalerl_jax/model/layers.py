@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scalerl_jax.config import ModelConfig
+from scalerl_jax.model.lora import LoraSpec, adapter
 
 
 @jax.tree_util.register_dataclass
@@ -67,6 +68,15 @@ def dense(x, w, contract: int = 1):
   k = math.prod(in_shape)
   y = jnp.dot(x.reshape(-1, k), w.reshape(k, -1))
   return y.reshape(*lead, *out_shape)
+
+
+def project(x, w, ad, dt, contract: int = 1):
+  """`dense(x, w)` in compute dtype `dt`, plus the adapter's scale * (x A) B when `ad` (a lora.Adapter) is given:
+  factored, so the backward needs no gradient of w's size."""
+  y = dense(x, w[...].astype(dt), contract)
+  if ad is None:
+    return y
+  return y + ad.scale * dense(dense(x, ad.a[...].astype(dt), contract), ad.b[...].astype(dt))
 
 
 def normal_param(rngs: nnx.Rngs, shape, axes, scale: float, dtype) -> nnx.Param:
@@ -194,7 +204,7 @@ class Attention(nnx.Module):
   """Grouped-query attention with optional q/k/v biases, optional QK-norm and an explicit KV cache. Query head q
   reads key/value head q // R (transformers' repeat_kv order)."""
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, lora: Optional[LoraSpec] = None):
     D, Q, K, H = cfg.hidden, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     pd = dtype_of(cfg.param_dtype)
     self.q = normal_param(rngs, (D, Q, H), ("embed", "heads", "head_dim"), D ** -0.5, pd)
@@ -209,14 +219,19 @@ class Attention(nnx.Module):
     self.v_bias = bias((K, H), ("kv_heads", "head_dim")) if cfg.qkv_bias else None
     self.q_norm = RMSNorm(H, cfg.norm_eps, pd) if cfg.qk_norm else None
     self.k_norm = RMSNorm(H, cfg.norm_eps, pd) if cfg.qk_norm else None
+    # low-rank adapters (model/lora.py), after every base param so the base's random draws stay as without them
+    self.q_lora = adapter(lora, "q", (D,), ("embed",), (Q, H), ("heads", "head_dim"), pd, rngs)
+    self.k_lora = adapter(lora, "k", (D,), ("embed",), (K, H), ("kv_heads", "head_dim"), pd, rngs)
+    self.v_lora = adapter(lora, "v", (D,), ("embed",), (K, H), ("kv_heads", "head_dim"), pd, rngs)
+    self.o_lora = adapter(lora, "o", (Q, H), ("heads", "head_dim"), (D,), ("embed",), pd, rngs)
     self.cfg = cfg
 
   def __call__(self, x_BTD, positions_BT, sin_cos, cache: Optional[LayerCache],
                prefix: Optional[SharedPrefix] = None):
     dt = dtype_of(self.cfg.dtype)
-    q_BTQH = dense(x_BTD, self.q[...].astype(dt))
-    k_BTKH = dense(x_BTD, self.k[...].astype(dt))
-    v_BTKH = dense(x_BTD, self.v[...].astype(dt))
+    q_BTQH = project(x_BTD, self.q, self.q_lora, dt)
+    k_BTKH = project(x_BTD, self.k, self.k_lora, dt)
+    v_BTKH = project(x_BTD, self.v, self.v_lora, dt)
     if self.q_bias is not None:
       q_BTQH = q_BTQH + self.q_bias[...].astype(dt)
       k_BTKH = k_BTKH + self.k_bias[...].astype(dt)
@@ -269,7 +284,7 @@ class Attention(nnx.Module):
       probs_CJS = _softmax(_masked(logits_CJS * (H ** -0.5), mask_BTS))[0].astype(dt)
       out_CJH = jnp.einsum("CJS,CSH->CJH", probs_CJS, values_BKSH.reshape(B * K, S, H).astype(dt))
     out_BTQH = out_CJH.reshape(B, K, R, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, Q, H)
-    out_BTD = dense(out_BTQH, self.o[...].astype(dt), contract=2)
+    out_BTD = project(out_BTQH, self.o, self.o_lora, dt, contract=2)
     return out_BTD, new_cache
 
 
@@ -277,16 +292,19 @@ class MLP(nnx.Module):
   """SwiGLU: down(silu(x W_gate) * (x W_up)); `width` defaults to model.intermediate (an MoE's shared expert
   passes its own)."""
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, width: Optional[int] = None):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, width: Optional[int] = None, lora: Optional[LoraSpec] = None):
     D, F = cfg.hidden, width or cfg.intermediate
     pd = dtype_of(cfg.param_dtype)
     self.gate = normal_param(rngs, (D, F), ("embed", "mlp"), D ** -0.5, pd)
     self.up = normal_param(rngs, (D, F), ("embed", "mlp"), D ** -0.5, pd)
     self.down = normal_param(rngs, (F, D), ("mlp", "embed"), F ** -0.5 / (2 * cfg.num_layers) ** 0.5, pd)
+    self.gate_lora = adapter(lora, "gate", (D,), ("embed",), (F,), ("mlp",), pd, rngs)
+    self.up_lora = adapter(lora, "up", (D,), ("embed",), (F,), ("mlp",), pd, rngs)
+    self.down_lora = adapter(lora, "down", (F,), ("mlp",), (D,), ("embed",), pd, rngs)
     self.dtype = dtype_of(cfg.dtype)
 
   def __call__(self, x_BTD):
     dt = self.dtype
-    g_BTF = dense(x_BTD, self.gate[...].astype(dt))
-    u_BTF = dense(x_BTD, self.up[...].astype(dt))
-    return dense(jax.nn.silu(g_BTF) * u_BTF, self.down[...].astype(dt))
+    g_BTF = project(x_BTD, self.gate, self.gate_lora, dt)
+    u_BTF = project(x_BTD, self.up, self.up_lora, dt)
+    return project(jax.nn.silu(g_BTF) * u_BTF, self.down, self.down_lora, dt)

@@ -47,6 +47,7 @@ from flax import nnx
 
 from scalerl_jax.config import ModelConfig
 from scalerl_jax.model.layers import MLP, dtype_of, normal_param
+from scalerl_jax.model.lora import LoraSpec, adapter
 
 
 @jax.tree_util.register_dataclass
@@ -100,7 +101,7 @@ def z_loss(stats: RouterStats) -> jax.Array:
 class MoE(nnx.Module):
   """Top-k routed SwiGLU experts (+ optional shared expert); see the module docstring."""
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, lora: Optional[LoraSpec] = None):
     D, E, F = cfg.hidden, cfg.num_experts, cfg.expert_width
     pd = dtype_of(cfg.param_dtype)
     self.router = normal_param(rngs, (D, E), ("embed", None), D ** -0.5, pd)
@@ -108,8 +109,12 @@ class MoE(nnx.Module):
     self.up = normal_param(rngs, (E, D, F), ("expert", "embed", "mlp"), D ** -0.5, pd)
     self.down = normal_param(rngs, (E, F, D), ("expert", "mlp", "embed"),
                              F ** -0.5 / (2 * cfg.num_layers) ** 0.5, pd)
-    self.shared = (MLP(cfg, rngs, width=cfg.shared_expert_intermediate) if cfg.shared_expert_intermediate
-                   else None)
+    self.shared = (MLP(cfg, rngs, width=cfg.shared_expert_intermediate, lora=lora)
+                   if cfg.shared_expert_intermediate else None)
+    # one adapter per expert (model/lora.py); the router is never adapted
+    self.gate_lora = adapter(lora, "gate", (D,), ("embed",), (F,), ("mlp",), pd, rngs, experts=E)
+    self.up_lora = adapter(lora, "up", (D,), ("embed",), (F,), ("mlp",), pd, rngs, experts=E)
+    self.down_lora = adapter(lora, "down", (F,), ("mlp",), (D,), ("embed",), pd, rngs, experts=E)
     self.cfg = cfg
 
   def route(self, x_UD, recorded_Uk=None, replay: bool = False):
@@ -138,7 +143,9 @@ class MoE(nnx.Module):
     experts = dispatch_ragged if cfg.moe_dispatch == "ragged" else dispatch_dense
     dt = dtype_of(cfg.dtype)
     w = tuple(p[...].astype(dt) for p in (self.gate, self.up, self.down))
-    y_UD = experts(x_UD.astype(dt), ids_Uk, gates_Uk.astype(dt), *w)
+    ad = tuple(None if a is None else ExpertAdapter(a.a[...].astype(dt), a.b[...].astype(dt), a.scale)
+               for a in (self.gate_lora, self.up_lora, self.down_lora))
+    y_UD = experts(x_UD.astype(dt), ids_Uk, gates_Uk.astype(dt), *w, adapters=ad)
     if self.shared is not None:
       y_UD = y_UD + self.shared(x_UD)
     return y_UD.reshape(B, T, D).astype(x_BTD.dtype), self._stats(
@@ -162,29 +169,53 @@ class MoE(nnx.Module):
                        mismatched=mismatched, compared=compared)
 
 
-def _swiglu_ragged(x_AD, gate_EDF, up_EDF, down_EFD, sizes_E):
-  g_AF = jax.lax.ragged_dot(x_AD, gate_EDF, sizes_E)
-  u_AF = jax.lax.ragged_dot(x_AD, up_EDF, sizes_E)
-  return jax.lax.ragged_dot(jax.nn.silu(g_AF) * u_AF, down_EFD, sizes_E)
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ExpertAdapter:
+  """One projection's per-expert adapter in compute dtype: a [E, in, r], b [E, r, out], scale (model/lora.py)."""
+  a_EIr: jax.Array
+  b_ErO: jax.Array
+  scale: float = dataclasses.field(metadata=dict(static=True))
 
 
-def dispatch_ragged(x_UD, ids_Uk, gates_Uk, gate_EDF, up_EDF, down_EFD):
+def _ragged(x_AI, w_EIO, sizes_E, ad: Optional[ExpertAdapter]):
+  """Each assignment's rows times its expert's weight, plus its expert's adapter scale * (x A) B."""
+  y_AO = jax.lax.ragged_dot(x_AI, w_EIO, sizes_E)
+  if ad is None:
+    return y_AO
+  return y_AO + ad.scale * jax.lax.ragged_dot(jax.lax.ragged_dot(x_AI, ad.a_EIr, sizes_E), ad.b_ErO, sizes_E)
+
+
+def _swiglu_ragged(x_AD, gate_EDF, up_EDF, down_EFD, sizes_E, adapters=(None, None, None)):
+  g_AF = _ragged(x_AD, gate_EDF, sizes_E, adapters[0])
+  u_AF = _ragged(x_AD, up_EDF, sizes_E, adapters[1])
+  return _ragged(jax.nn.silu(g_AF) * u_AF, down_EFD, sizes_E, adapters[2])
+
+
+def dispatch_ragged(x_UD, ids_Uk, gates_Uk, gate_EDF, up_EDF, down_EFD, adapters=(None, None, None)):
   """Dropless: sort the U*k assignments by expert, one grouped matmul per projection, scatter back, combine."""
   U, k = ids_Uk.shape
   E = gate_EDF.shape[0]
   flat_A = ids_Uk.reshape(-1)
   order_A = jnp.argsort(flat_A, stable=True)  # assignments grouped by expert, in token order within a group
   sizes_E = jnp.bincount(flat_A, length=E).astype(jnp.int32)
-  y_AD = _swiglu_ragged(x_UD[order_A // k], gate_EDF, up_EDF, down_EFD, sizes_E)
+  y_AD = _swiglu_ragged(x_UD[order_A // k], gate_EDF, up_EDF, down_EFD, sizes_E, adapters)
   unsorted_AD = jnp.zeros_like(y_AD).at[order_A].set(y_AD, unique_indices=True)
   return jnp.einsum("UkD,Uk->UD", unsorted_AD.reshape(U, k, -1), gates_Uk)
 
 
-def dispatch_dense(x_UD, ids_Uk, gates_Uk, gate_EDF, up_EDF, down_EFD):
+def dispatch_dense(x_UD, ids_Uk, gates_Uk, gate_EDF, up_EDF, down_EFD, adapters=(None, None, None)):
   """Every expert on every token, combined with one-hot gate weights (reference; E/k times the work)."""
   E = gate_EDF.shape[0]
   combine_UE = jnp.sum(jax.nn.one_hot(ids_Uk, E, dtype=gates_Uk.dtype) * gates_Uk[..., None], axis=1)
-  g_UEF = jnp.einsum("UD,EDF->UEF", x_UD, gate_EDF)
-  u_UEF = jnp.einsum("UD,EDF->UEF", x_UD, up_EDF)
-  y_UED = jnp.einsum("UEF,EFD->UED", jax.nn.silu(g_UEF) * u_UEF, down_EFD)
+
+  def each(x, w_EIO, ad, spec):  # spec: x's letters -> the [U, E, out] result
+    y = jnp.einsum(f"{spec},EIO->UEO", x, w_EIO)
+    if ad is None:
+      return y
+    return y + ad.scale * jnp.einsum("UEr,ErO->UEO", jnp.einsum(f"{spec},EIr->UEr", x, ad.a_EIr), ad.b_ErO)
+
+  g_UEF = each(x_UD, gate_EDF, adapters[0], "UI")
+  u_UEF = each(x_UD, up_EDF, adapters[1], "UI")
+  y_UED = each(jax.nn.silu(g_UEF) * u_UEF, down_EFD, adapters[2], "UEI")
   return jnp.einsum("UED,UE->UD", y_UED, combine_UE)

@@ -21,6 +21,7 @@ from flax import nnx
 
 from scalerl_jax.config import ModelConfig
 from scalerl_jax.model import transformer
+from scalerl_jax.model import lora as lora_lib
 from scalerl_jax.model.layers import LayerCache, SharedPrefix, dtype_of
 from scalerl_jax.model.moe import Routing
 
@@ -29,10 +30,11 @@ Params = Any  # nested dict of arrays
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-  """What a model family supplies. `decoder(cfg, rngs)` is an nnx module whose params carry `logical_axes`, with
+  """What a model family supplies. `decoder(cfg, rngs, lora)` is an nnx module whose params carry `logical_axes`
+(and, with a lora.LoraSpec, adapters beside the projections it targets), with
   `__call__(tokens_BT, positions_BT, cache, prefix, routing) -> (h_BTD, [LayerCache] per layer, [RouterStats] per
   MoE layer)` and `logits(h_BTD)`."""
-  decoder: Callable[[ModelConfig, nnx.Rngs], nnx.Module]
+  decoder: Callable[[ModelConfig, nnx.Rngs, Optional[lora_lib.LoraSpec]], nnx.Module]
   param_count: Callable[..., int]  # (cfg, active=False), analytic, equals the initialised tree's size
   flops_per_token: Callable[[ModelConfig, int, bool], float]  # (cfg, context, backward) -> matmul FLOPs
 
@@ -51,12 +53,13 @@ def family_of(cfg: ModelConfig) -> Family:
 
 class Policy:
   """Stateless wrapper around `cfg.family`'s decoder: `init`, `forward`, `logits`, `init_cache`, plus the param
-  tree's logical axes."""
+  tree's logical axes. With `lora` (a lora.LoraSpec) the tree also holds low-rank adapters (model/lora.py)."""
 
-  def __init__(self, cfg: ModelConfig):
+  def __init__(self, cfg: ModelConfig, lora: Optional[lora_lib.LoraSpec] = None):
     self.cfg = cfg
+    self.lora = lora
     self.decoder = family_of(cfg).decoder
-    abstract = nnx.eval_shape(lambda: self.decoder(cfg, nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: self.decoder(cfg, nnx.Rngs(0, lora=1), lora))
     self.graphdef, abstract_state = nnx.split(abstract)
     self._state_treedef = jax.tree.structure(abstract_state)
     self.param_shapes = nnx.to_pure_dict(abstract_state)  # ShapeDtypeStructs
@@ -66,9 +69,32 @@ class Policy:
                                            [v.get_metadata()["logical_axes"] for v in variables])
 
   def init(self, seed: int | jax.Array) -> Params:
-    """Fresh params. Pure: wrap in jit with out_shardings so nothing is materialised unsharded."""
+    """Fresh params. Pure: wrap in jit with out_shardings so nothing is materialised unsharded. Adapters draw from
+    their own stream, so the base params of a seed are the same with and without them."""
     key = seed if isinstance(seed, jax.Array) else jax.random.key(seed)
-    return nnx.to_pure_dict(nnx.state(self.decoder(self.cfg, nnx.Rngs(params=key))))
+    streams = {"params": key} if self.lora is None else {"params": key, "lora": jax.random.fold_in(key, 1)}
+    return nnx.to_pure_dict(nnx.state(self.decoder(self.cfg, nnx.Rngs(**streams), self.lora)))
+
+  def attach_adapters(self, base: Params, seed: int | jax.Array, shardings: Any = None) -> Params:
+    """`base` (this model's tree without adapters: a checkpoint, a warm start) with fresh adapters beside the
+    weights they adapt (B = 0: the same function). The adapters are born with `shardings`' (the whole tree's)
+    placement; the base arrays are reused, not copied."""
+    key = seed if isinstance(seed, jax.Array) else jax.random.key(seed)
+    fresh = jax.jit(lambda k: self.split_trainable(self.init(k))[0],  # the base half of init is never computed
+                    out_shardings=None if shardings is None else self.split_trainable(shardings)[0])
+    return lora_lib.attach(base, fresh(key))
+
+  def split_trainable(self, params: Params) -> tuple[Params, Optional[Params]]:
+    """(what trains, what is frozen): the adapters and the rest (None at each other's leaves) when the policy has
+    adapters, else (params, None). Works on arrays, ShapeDtypeStructs and shardings alike."""
+    if self.lora is None:
+      return params, None
+    return lora_lib.partition(params, lora_lib.trainable_mask(params))
+
+  @staticmethod
+  def join_trainable(trainable: Params, frozen: Optional[Params]) -> Params:
+    """`split_trainable`'s inverse."""
+    return trainable if frozen is None else lora_lib.combine(trainable, frozen)
 
   def module(self, params: Params) -> nnx.Module:
     if jax.tree.structure(params) != self._params_treedef:
@@ -189,11 +215,12 @@ def next_token_loss(policy: Policy, params: Params, tokens_BT, weights_BT):
   return -jnp.sum(logp_BT * weights_BT), {"tokens": jnp.sum(weights_BT > 0)}
 
 
-def make_policy(cfg: ModelConfig) -> Policy:
-  """The policy of `cfg.family` (ValueError naming `model.family` when unknown). Dense and MoE share `Policy`'s
-  face (an MoE's router statistics come out of `forward_routed`, [] for dense); a family whose face differs would
-  return its own class here, so callers build policies with this and never name a family."""
-  return Policy(cfg)
+def make_policy(cfg: ModelConfig, lora=None) -> Policy:
+  """The policy of `cfg.family` (ValueError naming `model.family` when unknown), with the adapters `lora` (a
+  LoraConfig: `lora.*`) asks for. Dense and MoE share `Policy`'s face (an MoE's router statistics come out of
+  `forward_routed`, [] for dense); a family whose face differs would return its own class here, so callers build
+  policies with this and never name a family."""
+  return Policy(cfg, lora_lib.LoraSpec.of(lora))
 
 
 def param_count(cfg: ModelConfig, active: bool = False) -> int:

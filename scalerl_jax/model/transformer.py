@@ -27,6 +27,9 @@ RoPE here is rotate_half, the layout transformers stores q_proj / k_proj in; `L.
   blocks[i].moe.gate / .up       [E, D, F]  expert, embed, mlp      L.mlp.experts.{e}.gate_proj / up_proj.weight
   blocks[i].moe.down             [E, F, D]  expert, mlp, embed      L.mlp.experts.{e}.down_proj.weight
   blocks[i].moe.shared.gate/up/down  as mlp, width shared_expert_intermediate  (when > 0)
+  with lora.rank > 0 (model/lora.py), beside each targeted projection P of attn / mlp / moe / moe.shared:
+  ...P_lora.a / .b               [*in, r] / [r, *out]  P's input / output axes, rank None; MoE experts'
+                                 [E, *in, r] / [E, r, *out]      (PEFT: L.*.P_proj.lora_A / lora_B, transposed)
   final_norm.scale               [D]        norm                    model.norm.weight
   lm_head                        [D, V]     embed, vocab            lm_head.weight [V, D] .T  (absent when
                                                                     tie_embeddings: the head is `embed`)
@@ -47,6 +50,7 @@ from flax import nnx
 from scalerl_jax.config import ModelConfig
 from scalerl_jax.model.layers import (MLP, Attention, LayerCache, RMSNorm, SharedPrefix, dtype_of, normal_param,
                                       rope_angles)
+from scalerl_jax.model.lora import LoraSpec
 from scalerl_jax.model.moe import MoE, Routing
 
 
@@ -54,13 +58,13 @@ class Block(nnx.Module):
   """Pre-norm attention + MLP; the MLP is a mixture of experts (`moe`) in the layers `cfg.moe_layers` names and a
   dense SwiGLU (`mlp`) elsewhere."""
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, sparse: bool = False):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, sparse: bool = False, lora: Optional[LoraSpec] = None):
     pd = dtype_of(cfg.param_dtype)
     self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps, pd)
-    self.attn = Attention(cfg, rngs)
+    self.attn = Attention(cfg, rngs, lora)
     self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps, pd)
-    self.mlp = None if sparse else MLP(cfg, rngs)
-    self.moe = MoE(cfg, rngs) if sparse else None
+    self.mlp = None if sparse else MLP(cfg, rngs, lora=lora)
+    self.moe = MoE(cfg, rngs, lora) if sparse else None
 
   def __call__(self, x_BTD, positions_BT, sin_cos, cache, prefix=None, recorded_BTk=None, mask_BT=None,
                replay: bool = False):
@@ -76,13 +80,13 @@ class Block(nnx.Module):
 class Transformer(nnx.Module):
   """Embeddings -> blocks -> final norm. `__call__` returns hidden states; `logits` applies the LM head."""
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, lora: Optional[LoraSpec] = None):
     pd = dtype_of(cfg.param_dtype)
     self.cfg = cfg
     # std 1/sqrt(D): with tied embeddings the LM head then starts with unit-variance logits
     self.embed = normal_param(rngs, (cfg.vocab_size, cfg.hidden), ("vocab", "embed"), cfg.hidden ** -0.5, pd)
     sparse = set(cfg.moe_layers)
-    self.blocks = nnx.List([Block(cfg, rngs, i in sparse) for i in range(cfg.num_layers)])
+    self.blocks = nnx.List([Block(cfg, rngs, i in sparse, lora) for i in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.hidden, cfg.norm_eps, pd)
     self.lm_head = None if cfg.tie_embeddings else normal_param(
         rngs, (cfg.hidden, cfg.vocab_size), ("embed", "vocab"), cfg.hidden ** -0.5, pd)

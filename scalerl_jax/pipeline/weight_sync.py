@@ -24,6 +24,10 @@ Across processes (the generator mesh is process-local: one inference slice per p
                  first device to each generator process's first device (`distributed.Channel`:
                  jax.experimental.transfer), where `WeightReceiver` lays it out in the rollout shardings and publishes it.
 Each sync's seconds and bytes are kept (`last_seconds`, `last_bytes`) and logged per step.
+
+Adapters (lora.rank > 0): only the adapters train, so the first sync moves the whole tree and every later one the
+adapters alone (`Partial`): the generator keeps the frozen base it received first and joins each sync's adapters
+to it, applying them in its forward (factored, as the trainer does: no merged copy of the base is made).
 """
 
 from __future__ import annotations
@@ -82,6 +86,34 @@ def _nbytes(tree: Any) -> int:
   return int(sum(x.nbytes for x in jax.tree.leaves(tree)))
 
 
+class Partial:
+  """Syncs of the trainable part only, for a policy whose base is frozen (`policy.split_trainable` /
+  `join_trainable`): the first sync's whole tree is kept as the source of the frozen part (`keep`); later syncs
+  send `outgoing(params)` (laid out in `shardings`, the trainable part's) and the receiver rebuilds the whole tree
+  with `incoming`."""
+
+  def __init__(self, policy, shardings: Any):
+    self.policy = policy
+    self.shardings = None if shardings is None else policy.split_trainable(shardings)[0]
+    self.frozen: Any = None
+
+  @classmethod
+  def of(cls, policy, shardings: Any) -> Optional["Partial"]:
+    """None when every param trains (no policy given, or one without adapters)."""
+    return None if policy is None or getattr(policy, "lora", None) is None else cls(policy, shardings)
+
+  def keep(self, whole: Any) -> Any:
+    if whole is not None:
+      self.frozen = self.policy.split_trainable(whole)[1]
+    return whole
+
+  def outgoing(self, params: Any) -> Any:
+    return self.policy.split_trainable(params)[0]
+
+  def incoming(self, part: Any) -> Any:
+    return None if part is None else self.policy.join_trainable(part, self.frozen)
+
+
 class WeightSync:
   """Copies trainer params into the rollout `shardings` and publishes them to a WeightBox, timing each sync.
 
@@ -89,16 +121,18 @@ class WeightSync:
   the replica is also sent to each process in `send_to` (disaggregated generators)."""
 
   def __init__(self, shardings: Any, params: Any, version: int, *, trainer_mesh=None, channel=None,
-               send_to: Sequence[int] = ()):
+               send_to: Sequence[int] = (), policy=None):
     self.shardings, self.trainer_mesh, self.channel, self.send_to = shardings, trainer_mesh, channel, list(send_to)
     self.last_seconds = 0.0  # wall time of the latest sync (copy + publish)
     self.last_bytes = 0  # bytes that sync moved to a generator (the rollout copy's own size in one process)
     self.syncs = 0
-    self.box = WeightBox(self._copy(params), version)
+    self.partial = Partial.of(policy, shardings)  # adapters: later syncs move them alone
+    first = self._copy(params, shardings)
+    self.box = WeightBox(first if self.partial is None else self.partial.keep(first), version)
 
-  def _copy(self, params: Any) -> Any:
+  def _copy(self, params: Any, shardings: Any) -> Any:
     if self.trainer_mesh is None:
-      out = to_rollout_layout(params, self.shardings)
+      out = to_rollout_layout(params, shardings)
       self.last_bytes = _nbytes(out)
       return out
     leaves = local_replica(params, self.trainer_mesh)
@@ -106,11 +140,15 @@ class WeightSync:
     for dst in self.send_to:
       self.channel.send(dst, "weights", leaves)
       self.last_bytes += self.channel.last["bytes"]
-    return place(leaves, self.shardings) if self.shardings is not None else None
+    return place(leaves, shardings) if shardings is not None else None
 
   def publish(self, params: Any, version: int) -> None:
     t0 = time.perf_counter()
-    self.box.publish(self._copy(params), version)
+    if self.partial is None:
+      new = self._copy(params, self.shardings)
+    else:
+      new = self.partial.incoming(self._copy(self.partial.outgoing(params), self.partial.shardings))
+    self.box.publish(new, version)
     self.last_seconds = time.perf_counter() - t0
     self.syncs += 1
 
@@ -119,15 +157,23 @@ class WeightReceiver:
   """A disaggregated generator's end of the weight sync: receives each sync from trainer process `src` and
   publishes it, laid out in the rollout `shardings`, to its WeightBox."""
 
-  def __init__(self, shardings: Any, channel, src: int):
+  def __init__(self, shardings: Any, channel, src: int, policy=None):
     self.shardings, self.channel, self.src = shardings, channel, src
     self.box: Optional[WeightBox] = None
     self.last_seconds, self.last_bytes, self.syncs = 0.0, 0, 0
+    self.partial = Partial.of(policy, shardings)  # adapters: after the first sync, they alone arrive
 
   def fetch(self) -> Any:
     """The next sync's params, laid out in the rollout shardings (not yet published)."""
     t0 = time.perf_counter()
-    params = place(self.channel.recv(self.src, "weights"), self.shardings)
+    first = self.syncs == 0 or self.partial is None
+    leaves = self.channel.recv(self.src, "weights")
+    if first:
+      params = place(leaves, self.shardings)
+      if self.partial is not None:
+        self.partial.keep(params)
+    else:
+      params = self.partial.incoming(place(leaves, self.partial.shardings))
     self.last_bytes, self.last_seconds = self.channel.last["bytes"], time.perf_counter() - t0
     self.syncs += 1
     return params

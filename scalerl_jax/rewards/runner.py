@@ -65,13 +65,15 @@ from scalerl_jax.errors import UserError
 from scalerl_jax.rewards import worker
 from scalerl_jax.rewards.pool import VerifierPool
 from scalerl_jax.rewards.routing import TaskRewards
-from scalerl_jax.rewards.verifiers import PRELOAD, PURE_VERIFIERS, SANDBOXED_VERIFIERS, qualified_name, verifier
+from scalerl_jax.rewards.verifiers import (PRELOAD, PURE_VERIFIERS, SANDBOXED_VERIFIERS, boxed_answer_reward,
+                                          configure_boxed, qualified_name, verifier)
 
 RewardFn = Callable[[str, str], float]
 ISOLATIONS = ("process", "inline")
 MAX_WARNED = 10  # distinct error texts logged; later new texts are counted, not logged
 MAX_CAUSES = 32  # distinct cause names counted; later new names are counted under "other"
 CONFIGURE_SANDBOX = "scalerl_jax.rewards.code:configure"
+CONFIGURE_BOXED = "scalerl_jax.rewards.verifiers:configure_boxed"
 
 logger = logging.getLogger("scalerl_jax.rewards")
 
@@ -156,7 +158,8 @@ class RewardRunner:
   """
 
   def __init__(self, fn: RewardFn, timeout_s: float = 5.0, failure_reward: float = 0.0, scale: str = "01", *,
-               isolation: str = "process", workers: int = 2, name: str = "", ref: str = "", sandbox=None):
+               isolation: str = "process", workers: int = 2, name: str = "", ref: str = "", sandbox=None,
+               setup: Sequence[tuple[str, tuple]] = ()):
     if scale not in ("01", "pm1"):
       raise ValueError(f"reward.scale must be 01 or pm1, got {scale!r}")
     if timeout_s <= 0:
@@ -176,7 +179,7 @@ class RewardRunner:
     self.sandbox = sandbox
     self._pool: Optional[VerifierPool] = None
     if isolation == "process":
-      setup = ((CONFIGURE_SANDBOX, (sandbox,)),) if sandbox is not None else ()
+      setup = (*(((CONFIGURE_SANDBOX, (sandbox,)),) if sandbox is not None else ()), *setup)
       self._pool = VerifierPool(ref or reference_of(fn), workers, self.timeout_s,
                                 PRELOAD.get(qualified_name(fn), ()), setup)
     self._totals = threading.Lock()
@@ -357,9 +360,13 @@ def _runner(cfg, fn: RewardFn, task: str, sandbox, name: str = "", ref: str = ""
     raise ValueError(f"make_reward_runner: {name or qualified_name(fn) or repr(fn)} runs programs in the sandbox: "
                      "pass sandbox=cfg.sandbox")
   isolation = "inline" if qualified_name(fn) in PURE_VERIFIERS and not sandboxed else "process"
+  setup = ()
+  if fn is boxed_answer_reward:  # its table of partial rewards, here (inline) and in its workers
+    setup = ((CONFIGURE_BOXED, (cfg.unboxed_reward, cfg.boxed_wrong_reward)),)
+    configure_boxed(cfg.unboxed_reward, cfg.boxed_wrong_reward)
   failure = cfg.on_failure if cfg.on_failure is not None else lowest_reward(cfg.scale)
   return RewardRunner(fn, cfg.timeout_s, failure, cfg.scale, isolation=isolation, workers=cfg.workers, name=name,
-                      ref=ref, sandbox=sandbox if sandboxed else None)
+                      ref=ref, sandbox=sandbox if sandboxed else None, setup=setup)
 
 
 def lowest_reward(scale: str) -> float:

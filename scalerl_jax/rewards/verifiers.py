@@ -134,31 +134,41 @@ def boxed_answer(completion: str) -> Optional[str]:
 
 
 _NUMBER = re.compile(r"[-+]?\s*(\d[\d,]*(\.\d*)?|\.\d+)")
-# boxed_answer_reward: what a right final answer earns when it is not boxed (a right boxed one earns 1)
-UNBOXED_REWARD = 0.5
+# boxed_answer_reward's table below the 1 a right boxed answer earns: a right final answer left unboxed, a boxed
+# wrong number (reward.unboxed_reward, reward.boxed_wrong_reward; configure_boxed sets them in each process)
+_boxed_table = {"unboxed": 0.5, "boxed_wrong": 0.0}
+
+
+def configure_boxed(unboxed: float, boxed_wrong: float) -> None:
+  """Sets what boxed_answer_reward pays a right unboxed answer and a boxed wrong number, in this process (the
+  reward runner calls it here and in its worker processes)."""
+  _boxed_table.update(unboxed=float(unboxed), boxed_wrong=float(boxed_wrong))
 
 
 def boxed_answer_reward(completion: str, answer: str):
   """The reward of a task whose prompt asks for the final answer in \\boxed{}: 1 when the completion's last boxed
-  number is the answer (math-verify); UNBOXED_REWARD when it boxes no number but its final answer is right
-  (math_verify_reward: a final-answer phrase or the last number); 0 for a wrong answer, boxed or not. Solved
-  (`success`, the pass rates) only at 1. Causes, one per call: "correct", "correct_unboxed", "boxed_wrong",
-  "wrong": the held-out greedy causes give the boxed-answer rate and the right-but-unboxed share.
+  number is the answer (math-verify); reward.unboxed_reward (0.5) when it boxes no number but its final answer is
+  right (math_verify_reward: a final-answer phrase or the last number); reward.boxed_wrong_reward (0) for a boxed
+  wrong number; 0 for an unboxed wrong one. Solved (`success`, the pass rates) only at 1. Causes, one per call:
+  "correct", "correct_unboxed", "boxed_wrong", "wrong": the held-out greedy causes give the boxed-answer rate and
+  the right-but-unboxed share.
 
-  Only right answers earn, and boxing doubles what they earn. Measured on SmolLM2-135M (one-digit problems, 64-token
-  budget): a binary right-and-boxed reward starts at 6 % solved (greedy), so most groups carry no gradient; 0.2 for
-  any boxed number taught it to box wrong numbers (greedy boxed 0.08 -> 1.00, right 0.06 -> 0.03 in 10 steps);
-  0.8 for an unboxed right final number taught it to ramble into the budget, whose cut text ends in numbers
-  (truncation 0.70 -> 0.98 in 10 steps) unless truncated samples are left out of the loss (loss.exclude_truncated,
-  as configs/smollm2_cpu.yaml does)."""
+  Measured on SmolLM2-135M (one-digit problems, 64-token budget): a binary right-and-boxed reward starts at 6 %
+  solved (greedy), so most groups carry no gradient; 0.2 for any boxed number (right or wrong) taught it to box
+  wrong numbers (greedy boxed 0.08 -> 1.00, right 0.06 -> 0.03 in 10 steps); 0.8 for an unboxed right final
+  number taught it to ramble into the budget, whose cut text ends in numbers (truncation 0.70 -> 0.98 in 10 steps)
+  unless truncated samples score 0 (loss.truncated_reward); 0.5 with that answered right unboxed (RESULTS)."""
   from scalerl_jax.rewards.worker import Scored
   boxed = boxed_answer(completion)
   if boxed is not None and not _NUMBER.fullmatch(boxed):  # "\\boxed{number}" copied from the prompt boxes nothing
     boxed = None
   correct = math_verify_reward(f"\\boxed{{{boxed}}}" if boxed is not None else completion, answer) >= 1.0
   if boxed is None:
-    return Scored(UNBOXED_REWARD if correct else 0.0, "correct_unboxed" if correct else "wrong", success=False)
-  return Scored(1.0, "correct", success=True) if correct else Scored(0.0, "boxed_wrong", success=False)
+    return Scored(_boxed_table["unboxed"] if correct else 0.0, "correct_unboxed" if correct else "wrong",
+                  success=False)
+  if correct:
+    return Scored(1.0, "correct", success=True)
+  return Scored(_boxed_table["boxed_wrong"], "boxed_wrong", success=False)
 
 
 # Each task's verifier by the task's name: the built-in data.task names, and "math" for free-form math answers (a

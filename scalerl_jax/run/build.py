@@ -32,6 +32,8 @@ import math
 import pathlib
 from typing import Any, Callable, Optional
 
+import jax
+
 from scalerl_jax import distributed, types
 from scalerl_jax.config import ConfigError, RunConfig, absolute_paths, to_yaml, validate, validate_with_tokenizer
 from scalerl_jax.data.npr import NPRState
@@ -39,7 +41,7 @@ from scalerl_jax.data.prompt_stream import encode_records, make_prompt_stream
 from scalerl_jax.data.tasks import make_task
 from scalerl_jax.data.tokenizer import make_tokenizer
 from scalerl_jax.mesh import ROLLOUT_AXES, ROLLOUT_RULES, TRAIN_RULES, Layout, make_mesh
-from scalerl_jax.model import flops_per_token, make_policy
+from scalerl_jax.model import flops_per_token, lora, make_policy
 from scalerl_jax.pipeline.batching import group_buckets
 from scalerl_jax.pipeline.compute import ComputeMeter
 from scalerl_jax.pipeline.data_cursor import DataCursor
@@ -52,7 +54,7 @@ from scalerl_jax.rewards import make_reward_runner
 from scalerl_jax.rollout.driver import RolloutDriver
 from scalerl_jax.rollout.engine import Engine
 from scalerl_jax.run import exchange as exchange_lib
-from scalerl_jax.train.checkpoint import RunCheckpointer
+from scalerl_jax.train.checkpoint import ResumeError, RunCheckpointer, params_checksum
 from scalerl_jax.train.rl_loss import PromptLayout
 from scalerl_jax.train.state import TrainState, init_train_state, make_optimizer, restore_target, state_shardings
 from scalerl_jax.train.warmstart import warm_start
@@ -137,7 +139,7 @@ def build(cfg: RunConfig, between: Optional[Callable[[], None]] = None, transfer
   s = types.StepShapes.from_config(cfg)
   # this process's shard of the prompt stream (a disaggregated trainer draws none; its cursor keeps NPR only)
   shard = (topo.generators.index(topo.process_index), len(topo.generators)) if topo.generates else (0, 1)
-  policy = make_policy(cfg.model)
+  policy = make_policy(cfg.model, cfg.lora)  # with lora.rank > 0: adapters beside the weights, which stay frozen
   tokenizer = make_tokenizer(d, vocab_size=cfg.model.vocab_size)
   validate_with_tokenizer(cfg, tokenizer)
   task = make_task(d)
@@ -181,20 +183,64 @@ def initial_state(parts: Parts, stop: Callable[[], bool], progress: bool, summar
   """(the TrainState to start from, the checkpoint's RunMeta on a resume or None); the warm start's numbers go to
   `summary`. A damaged latest checkpoint falls back to the previous one, with a warning. `stop`: whether a signal
   asks the run to stop (a vote among the trainer processes: the warm start asks at its validations only). Raises
-  Stopped if a signal cut the warm start short."""
-  cfg, layout = parts.cfg, parts.trainer_layout
+  Stopped if a signal cut the warm start short. With adapters, a checkpoint holds them alone (`checkpointed`): a
+  resume rebuilds the frozen base as a fresh run does and refuses one whose checksum differs from the record."""
+  cfg, layout, policy = parts.cfg, parts.trainer_layout, parts.policy
   if cfg.checkpoint.resume:
-    found = parts.ckpt.restore_latest_intact(restore_target(parts.policy, parts.optimizer, parts.state_sh), cfg)
+    target = restore_target(policy, parts.optimizer, parts.state_sh)
+    found = parts.ckpt.restore_latest_intact(checkpointed(policy, target), cfg)
     if found is not None:
-      return found[1], types.RunMeta.from_json(found[2])
-  return init_train_state(parts.policy, parts.optimizer, layout, cfg.seed,
-                          start_params(parts, stop, progress, summary)), None
+      state, meta = found[1], types.RunMeta.from_json(found[2])
+      if policy.lora is not None:
+        base = base_params(parts, stop, progress, {})
+        check_base(meta.base, base_record(cfg, base), parts.ckpt.directory / str(found[0]))
+        state = dataclasses.replace(state, params=lora.attach(base, state.params))
+      return state, meta
+  params = start_params(parts, stop, progress, summary)
+  return init_train_state(policy, parts.optimizer, layout, cfg.seed, params), None
+
+
+def checkpointed(policy, state: TrainState) -> TrainState:
+  """What a checkpoint holds of `state` (or of its abstract target): all of it, or with adapters the adapters, their
+  optimizer state and the step (the frozen base is referenced by RunMeta.base, not copied)."""
+  return state if policy.lora is None else dataclasses.replace(state, params=policy.split_trainable(state.params)[0])
+
+
+def base_record(cfg: RunConfig, base: Any) -> dict:
+  """RunMeta.base of a run whose frozen base params are `base` (the tree without adapters)."""
+  source = cfg.model.pretrained or ("the warm start" if cfg.warm_start.enabled and cfg.data.task != "file"
+                                    else f"the init of seed {cfg.seed}")
+  return {"source": source, "checksum": params_checksum(base)}
+
+
+def check_base(saved: Optional[dict], now: dict, where) -> None:
+  """ResumeError naming both bases when the adapters of checkpoint `where` were trained on another base."""
+  if saved is None:
+    raise ResumeError(f"{where}: the checkpoint holds the whole model, this run trains adapters (lora.rank > 0); "
+                      "start over with a new run_dir or checkpoint.resume=false")
+  if saved["checksum"] != now["checksum"]:
+    raise ResumeError(f"{where}: its adapters were trained on the base {saved['source']} (checksum "
+                      f"{saved['checksum']}), but this run's base {now['source']} has checksum {now['checksum']}: the "
+                      "adapters would apply to other weights; resume with the same base, or start over with a new "
+                      "run_dir or checkpoint.resume=false")
 
 
 def start_params(parts: Parts, stop: Callable[[], bool], progress: bool, summary: dict) -> Any:
-  """The params a fresh run starts from on the trainer mesh (model.pretrained's, or the warm start's, from its cache
-  when there), or None for the seed's init (init_train_state)."""
+  """The params a fresh run starts from on the trainer mesh (`base_params`; with adapters, that base with fresh
+  adapters beside it), or None for the seed's init (init_train_state)."""
+  cfg, layout, policy = parts.cfg, parts.trainer_layout, parts.policy
+  params = base_params(parts, stop, progress, summary)
+  if policy.lora is not None:
+    shardings = layout.shardings(policy.logical_axes, policy.param_shapes)
+    params = policy.attach_adapters(params, cfg.seed, shardings)
+  return params
+
+
+def base_params(parts: Parts, stop: Callable[[], bool], progress: bool, summary: dict) -> Any:
+  """The params of the model without adapters a fresh run starts from, on the trainer mesh: model.pretrained's, or
+  the warm start's (from its cache when there), or None for the seed's init (with adapters: that init, here)."""
   cfg, layout = parts.cfg, parts.trainer_layout
+  base = make_policy(cfg.model)  # the model without adapters: what the warm start trains
   params = None
   if cfg.model.pretrained:
     from scalerl_jax.model.hf import load_pretrained
@@ -205,13 +251,15 @@ def start_params(parts: Parts, stop: Callable[[], bool], progress: bool, summary
     if parts.exchange.votes:  # a vote is a collective that waits for the step: at validations only
       every, calls, vote = cfg.warm_start.eval_every, itertools.count(1), stop
       stop = lambda: next(calls) % every == 0 and vote()  # noqa: E731
-    params, info = warm_start(cfg, parts.policy, layout, parts.task, parts.tokenizer, progress=progress,
-                              stop=stop)
+    params, info = warm_start(cfg, base, layout, parts.task, parts.tokenizer, progress=progress, stop=stop)
     summary.update(info)
     if info.get("warm_start/stopped"):
       n = info["warm_start/steps"]
       raise Stopped(f"during the warm start ({n} supervised step{'s' * (n != 1)} taken, not cached: the next "
                     "start warms up afresh)")
+  elif parts.policy.lora is not None:  # the seed's init of the base (the adapters are drawn by start_params)
+    params = jax.jit(base.init, out_shardings=layout.shardings(base.logical_axes, base.param_shapes))(
+        jax.random.key(cfg.seed))
   return params
 
 

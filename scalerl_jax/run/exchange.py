@@ -75,9 +75,10 @@ class Local:
                         f"processes; this run has {readers}: resume with as many processes (and "
                         "mesh.generator_processes) as wrote it")
 
-  def start_weights(self, shardings: Any, params: Any, version: int) -> None:
-    """The weight sync, with the initial params published (disaggregated: also sent to the generators)."""
-    self.sync = WeightSync(shardings, params, version)
+  def start_weights(self, shardings: Any, params: Any, version: int, policy=None) -> None:
+    """The weight sync, with the initial params published (disaggregated: also sent to the generators); with a
+    `policy` that has adapters, later syncs move the adapters alone (weight_sync.Partial)."""
+    self.sync = WeightSync(shardings, params, version, policy=policy)
 
   # ---- one step, in COLLECTIVE_ORDER ----
   def gather(self, batch: types.ScoredBatch, rewards, cursor) -> Gathered:
@@ -92,7 +93,8 @@ class Local:
     if publishes:
       faults.point("weight_sync")
       self.sync.publish(params, version)
-    return (self.sync.last_seconds if publishes else 0.0), {}
+    return (self.sync.last_seconds if publishes else 0.0), {"pipeline/weight_sync_bytes":
+                                                            self.sync.last_bytes if publishes else 0}
 
   def evaluate(self, evaluator, params: Any, version: int) -> dict:
     """The held-out evaluation of `params`: each trainer process scores its share, then `eval_gather`."""
@@ -147,8 +149,8 @@ class Local:
 class Colocated(Local):
   """Every process trains and generates its shard of the prompts; the trainer mesh spans all of them."""
 
-  def start_weights(self, shardings, params, version) -> None:
-    self.sync = WeightSync(shardings, params, version, trainer_mesh=self.trainer_mesh)
+  def start_weights(self, shardings, params, version, policy=None) -> None:
+    self.sync = WeightSync(shardings, params, version, trainer_mesh=self.trainer_mesh, policy=policy)
 
   def gather(self, batch, rewards, cursor) -> Gathered:
     parts = distributed.allgather((batch.groups, rewards.metrics(), cursor.stream.metrics()))
@@ -157,7 +159,6 @@ class Colocated(Local):
 
   def publish(self, params, version, publishes, checksum):
     sync_s, out = super().publish(params, version, publishes, checksum)
-    out["pipeline/weight_sync_bytes"] = self.sync.last_bytes if publishes else 0
     if checksum:  # a reduction over the sharded params: a collective too
       out["pipeline/weight_checksum"] = params_checksum(params)
     return sync_s, out
@@ -187,9 +188,9 @@ class Disaggregated(Colocated):
     rewards.load_state(meta.rewards if meta.rewards is not None else rewards.state())
     self.reward_states = meta.reward_states[len(self.trainers):] if meta.reward_states else None
 
-  def start_weights(self, shardings, params, version) -> None:
+  def start_weights(self, shardings, params, version, policy=None) -> None:
     self.sync = WeightSync(shardings, params, version, trainer_mesh=self.trainer_mesh, channel=self.channel,
-                           send_to=self.topology.generators if self.is_main else ())
+                           send_to=self.topology.generators if self.is_main else (), policy=policy)
 
   def gather(self, batch, rewards, cursor) -> Gathered:
     parts = self._last  # received in `loop`, before the step

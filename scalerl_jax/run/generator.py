@@ -47,7 +47,7 @@ def serve(job, exchange) -> dict:
   signal handlers; `exchange`: its GeneratorEnd). Returns when the run is over."""
   p, channel, cfg = job.parts, exchange.channel, job.cfg
   lead = exchange.trainers[0]
-  receiver = WeightReceiver(p.engine.param_shardings, channel, lead)
+  receiver = WeightReceiver(p.engine.param_shardings, channel, lead, p.policy)
   with job.interrupts.installed(), p.rewards:  # signals: the trainers decide when the run stops
     try:
       first = receiver.fetch()

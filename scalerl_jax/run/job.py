@@ -51,6 +51,7 @@ class RLJob(Lifecycle):
     self.observers: list[Callable[[types.StepRecord], None]] = []  # called with each step's record when held
     self.summary: dict = {}
     self._last_eval_step = -1
+    self.base: Optional[dict] = None  # lora: RunMeta.base, the frozen base the adapters train on
     self._lock: Optional[RunLock] = None  # taken by setup()
 
   @property
@@ -90,6 +91,9 @@ class RLJob(Lifecycle):
     elif main:
       (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
     self.trainer.version = self.start_step
+    # adapters: checkpoints hold them alone and name the frozen base they train on (build.checkpointed)
+    self.base = (build.base_record(self.cfg, p.policy.split_trainable(self.state.params)[1])
+                 if p.policy.lora is not None else None)
     self.trainer.frozen = build.frozen_policies(p, self.trainer.state, meta is not None, self._stop_now,
                                                 self.progress and main)
     # samples of batch b draw from keys derived from their admission number: continue the numbering on resume
@@ -99,7 +103,7 @@ class RLJob(Lifecycle):
     self.trainer.step_for(p.buckets[-1])  # the whole batch's step compiles here, before the loop
     warm_prepare(p.shapes, self.cfg.loss)
     self.log = build.step_log(p, self.start_step, meta is not None, self.progress, self.evaluate)
-    self.exchange.start_weights(p.engine.param_shardings, self.state.params, self.version)
+    self.exchange.start_weights(p.engine.param_shardings, self.state.params, self.version, p.policy)
 
   # ---- one step (trainer thread; `score` is also called by the generator thread) ----
   def score(self, groups):
@@ -186,8 +190,8 @@ class RLJob(Lifecycle):
     data_states, reward_states = self.exchange.checkpoint_states(data_state, p.rewards)
     meta = types.RunMeta(step, self.cfg.seed, data_states, npr_state, p.meter.state(),
                          config_fingerprint(self.cfg), p.rewards.state(), reward_states, self._last_eval_step,
-                         {k: v for k, v in self.summary.items() if isinstance(v, (int, float, str))})
+                         {k: v for k, v in self.summary.items() if isinstance(v, (int, float, str))}, self.base)
     faults.point("checkpoint_save")
     with self.interrupts.critical():  # a second Ctrl-C waits for the write to complete
-      p.ckpt.save(step, self.state, meta.to_json())
+      p.ckpt.save(step, build.checkpointed(p.policy, self.state), meta.to_json())
     p.meter.exclude(time.perf_counter() - t0)

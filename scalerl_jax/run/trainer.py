@@ -70,7 +70,8 @@ class Trainer:
                              micro_batches=micro_batches)
       self._train_steps[micro_batches] = make_train_step(
           loss_fn, p.optimizer, micro_batches, p.state_sh, p.batch_sh, metrics_init=rl.empty_metrics,
-          metrics_combine=rl.accumulate_metrics, micro_batch_block=self.shapes.G if p.prompt_layout else 1)
+          metrics_combine=rl.accumulate_metrics, micro_batch_block=self.shapes.G if p.prompt_layout else 1,
+          policy=p.policy)
     return self._train_steps[micro_batches]
 
   def step_for(self, groups: int) -> Callable:

