@@ -28,8 +28,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scalerl_jax.config.schema import LORA_TARGETS as TARGETS  # noqa: F401  (the projections an adapter targets)
-
 _SUFFIX = "_lora"
 
 
@@ -76,11 +74,6 @@ def adapter(spec: Optional[LoraSpec], target: str, in_shape, in_axes, out_shape,
   if spec is None or target not in spec.targets:
     return None
   return Adapter(spec, in_shape, in_axes, out_shape, out_axes, param_dtype, rngs, experts)
-
-
-def attr(target: str) -> str:
-  """The module attribute holding `target`'s adapter (`q` -> `q_lora`)."""
-  return target + _SUFFIX
 
 
 def is_adapter(path) -> bool:
