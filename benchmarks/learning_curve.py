@@ -25,6 +25,17 @@ from record import save_result  # benchmarks/record.py (this script's folder is 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+def measured_run(cmd: list[str], what: str) -> tuple[subprocess.CompletedProcess, float | None]:
+  """(the finished process, its peak RSS in GiB: None without GNU time) of `cmd` run from the project root;
+  RuntimeError naming `what`, with the output's tail, when it fails."""
+  timer = [t, "-f", "peak_rss_kb=%M"] if (t := shutil.which("time")) else []  # GNU time: the run's peak RSS
+  proc = subprocess.run([*timer, *cmd], cwd=ROOT, capture_output=True, text=True)
+  if proc.returncode != 0:
+    raise RuntimeError(f"{what} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+  rss = [l for l in proc.stderr.splitlines() if l.startswith("peak_rss_kb=")]
+  return proc, round(int(rss[-1].split("=")[1]) / 2 ** 20, 3) if rss else None
+
+
 def run_seed(seed: int, steps, extra, workdir: pathlib.Path, target: float = 0.9, name: str = "") -> dict:
   """One run of the main job in `workdir`/{name}seed{seed}, its warm start cached in `workdir`/ws_cache (shared by
   the runs of a seed whatever `name`: the warm start does not depend on the RL keys)."""
@@ -33,13 +44,9 @@ def run_seed(seed: int, steps, extra, workdir: pathlib.Path, target: float = 0.9
          f"warm_start.cache_dir={workdir / 'ws_cache'}", "logging.progress=false", *extra]
   if steps:
     cmd.append(f"pipeline.steps={steps}")
-  timer = [t, "-f", "peak_rss_kb=%M"] if (t := shutil.which("time")) else []  # GNU time: the run's peak RSS
   start = time.time()
-  proc = subprocess.run([*timer, *cmd], cwd=ROOT, capture_output=True, text=True)
+  proc, peak_rss_gb = measured_run(cmd, f"seed {seed}")
   total = time.time() - start
-  if proc.returncode != 0:
-    raise RuntimeError(f"seed {seed} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-  rss = [l for l in proc.stderr.splitlines() if l.startswith("peak_rss_kb=")]
   rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
   evals = [r for r in rows if r.get("eval/pass_rate") is not None]
   r0 = evals[0]["eval/pass_rate"]
@@ -63,7 +70,7 @@ def run_seed(seed: int, steps, extra, workdir: pathlib.Path, target: float = 0.9
       "best": best["eval/pass_rate"], "best_step": best["step"], "final": evals[-1]["eval/pass_rate"],
       "greedy_start": evals[0].get("eval/greedy_pass_at_1"), "greedy_final": evals[-1].get("eval/greedy_pass_at_1"),
       "total_s": round(total, 1), "report": proc.stdout.strip().splitlines()[-8:],
-      "peak_rss_gb": round(int(rss[-1].split("=")[1]) / 2 ** 20, 3) if rss else None,
+      "peak_rss_gb": peak_rss_gb,
       "curve": [{"step": r["step"], "pass_rate": r["eval/pass_rate"], "greedy": r.get("eval/greedy_pass_at_1"),
                  "accelerator_seconds": r.get("compute/accelerator_seconds"), "flops": r.get("compute/flops"),
                  "t_s": round(r["time/unix"] - start, 1)} for r in evals],

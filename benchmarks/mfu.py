@@ -135,11 +135,12 @@ def rl_batch(cfg: ModelConfig, P: int, G: int, T: int, seed: int = 0,
 
 def build(cfg: ModelConfig, P: int, G: int, T: int, shared_prompt: bool = False, *, mesh_spec: str = "data=1",
           devices: Optional[Sequence[jax.Device]] = None, params=None, micro_batches: int = 1,
-          prompt_width: Optional[int] = None):
+          prompt_width: Optional[int] = None, lora=None):
   """(step, state, batch, positions): the trainer's jitted step on a `mesh_spec` mesh over `devices` (default: one
   device), its initial state (random, or around `params`: a checkpoint's) and a batch on device (`rl_batch`);
-  `positions`: token positions the step runs through the model per step."""
-  policy = make_policy(cfg)
+  `positions`: token positions the step runs through the model per step. `lora` (a LoraConfig with rank > 0): the
+  step trains adapters on the frozen `params` (fresh ones, B = 0, as a run starts), as the job does."""
+  policy = make_policy(cfg, lora)
   optimizer = make_optimizer(OptimizerConfig())
   layout = mesh_lib.Layout(mesh_lib.make_mesh(mesh_spec, devices or jax.devices()[:1]), mesh_lib.TRAIN_RULES)
   batch, L, N = rl_batch(cfg, P, G, T, prompt_width=prompt_width)
@@ -150,7 +151,9 @@ def build(cfg: ModelConfig, P: int, G: int, T: int, shared_prompt: bool = False,
                                  routes=layout.batch(4, B) if batch.routes is not None else None)
   step = make_train_step(loss_fn, optimizer, micro_batches, state_shardings(policy, optimizer, layout), batch_sh,
                          metrics_init=rl.empty_metrics, metrics_combine=rl.accumulate_metrics,
-                         micro_batch_block=G if prompt else 1)
+                         micro_batch_block=G if prompt else 1, policy=policy)
+  if params is not None and policy.lora is not None:
+    params = policy.attach_adapters(params, 0)
   state = init_train_state(policy, optimizer, layout, seed=0, params=params)
   batch = jax.device_put(batch, batch_sh)
   return step, state, batch, prompt.trained_tokens(B) if prompt else B * T

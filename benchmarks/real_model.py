@@ -32,6 +32,12 @@ config. Measured:
   compile  per jitted function and shape: its first call minus a steady call (prefill bucket and decode chunk, per
            batch); the train step's ahead-of-time lower + compile (+ the refit to fewer micro-batches, if any).
            Goal: <= 60 s each.
+  sync     the run's weight sync (pipeline/weight_sync.py) from the trainer mesh into the rollout layout: bytes and
+           seconds per publish (median of --sync-repeats after the first). With lora.rank > 0 (an override: the
+           engine, the train step and the sync then carry adapters, B = 0 as a run starts) a publish after the
+           first moves the adapters alone; also timed: merging them into a second copy of the base (W + s A B),
+           the alternative to applying them in the forward, whose decode cost the engine rows show against a run
+           without adapters.
   rl split --rl-steps steps of the real job (rl_step_profile.profile: every stage timed; pipeline.eval_every=0,
            so one evaluation at the end, timed apart), the first --rl-skip left out (compilation); median seconds
            per step of generate (admission + prefill + decode + collect), score (reward), train (batch building +
@@ -67,6 +73,8 @@ from rollout_throughput import read_seconds  # noqa: E402
 from scalerl_jax import mesh as mesh_lib  # noqa: E402
 from scalerl_jax.config import InterruptionConfig, RunConfig, absolute_paths, load_config  # noqa: E402
 from scalerl_jax.model import flops_per_token, hf_model_config, load_pretrained, make_policy, param_count  # noqa: E402
+from scalerl_jax.model import lora_export  # noqa: E402
+from scalerl_jax.pipeline.weight_sync import WeightSync  # noqa: E402
 from scalerl_jax.rollout.engine import Engine  # noqa: E402
 from scalerl_jax.train.step import micro_batches_within, temp_bytes  # noqa: E402
 
@@ -117,8 +125,10 @@ def bench_engine(cfg, params, run: RunConfig, devices, batch: int, prefill_repea
   if calls < 2:
     raise SystemExit(f"rollout.max_new_tokens={N} holds {calls} call(s) of decode_chunk={chunk}: the decode timing "
                      "needs a compile call and a steady one")
-  engine = Engine(make_policy(cfg), rollout,
-                  mesh_lib.make_mesh(run.mesh.generator_spec, devices, mesh_lib.ROLLOUT_AXES))
+  policy = make_policy(cfg, run.lora)
+  engine = Engine(policy, rollout, mesh_lib.make_mesh(run.mesh.generator_spec, devices, mesh_lib.ROLLOUT_AXES))
+  if policy.lora is not None:  # adapters applied in the forward, as the generator of a LoRA run holds them
+    params = policy.attach_adapters(params, 0)
   params = jax.device_put(params, engine.param_shardings)
   rng = np.random.default_rng(batch)
   prompts = [rng.integers(1, cfg.vocab_size, L).astype(np.int32) for _ in range(batch)]
@@ -185,7 +195,7 @@ def bench_train(cfg, params, run: RunConfig, devices, steps: int) -> dict:
   def compiled(micro_batches: int):
     step, state, batch, positions = mfu.build(cfg, P, G, T, t.shared_prompt, mesh_spec=run.mesh.spec,
                                               devices=devices, params=params, micro_batches=micro_batches,
-                                              prompt_width=L)
+                                              prompt_width=L, lora=run.lora)
     start = time.perf_counter()
     exe = step.lower(state, batch).compile()
     # as the job counts them (RLJob._step_memory): a CPU's devices share the host's memory
@@ -204,6 +214,42 @@ def bench_train(cfg, params, run: RunConfig, devices, steps: int) -> dict:
           "step_s_all": times, "step_s_median": statistics.median(times), "first_step_s": first,
           "compile_train_s": compile_s, "loss": float(metrics["loss"]), "skipped": int(metrics["skipped"]),
           "flops_per_step": positions * flops_per_token(cfg, T // 2, backward=True)}
+
+
+def bench_sync(cfg, params, run: RunConfig, trainer_devices, generator_devices, repeats: int) -> dict:
+  """The weight sync of the run (pipeline/weight_sync.WeightSync): the trainer's params on its mesh copied into the
+  generator's rollout layout, `repeats` publishes after the first (with adapters, the first moves the whole tree
+  and the later ones the adapters alone); bytes and seconds per publish. With adapters also the alternative the
+  generator does not take: merging them into a second copy of the base after each sync (W + s A B, jitted), its
+  seconds and that copy's bytes, beside the decode cost of applying them in the forward (the engine rows)."""
+  policy = make_policy(cfg, run.lora)
+  trainer = mesh_lib.Layout(mesh_lib.make_mesh(run.mesh.spec, trainer_devices), mesh_lib.TRAIN_RULES)
+  rollout = mesh_lib.logical_to_sharding(policy.logical_axes, policy.param_shapes,
+                                         mesh_lib.make_mesh(run.mesh.generator_spec, generator_devices,
+                                                            mesh_lib.ROLLOUT_AXES), mesh_lib.ROLLOUT_RULES)
+  shardings = trainer.shardings(policy.logical_axes, policy.param_shapes)
+  if policy.lora is not None:
+    params = policy.attach_adapters(params, 0)
+  params = jax.device_put(params, shardings)
+  sync = WeightSync(rollout, params, 0, policy=policy)
+  first = {"first_sync_bytes": sync.last_bytes}
+  seconds, sizes = [], []
+  for v in range(1, repeats + 1):
+    sync.publish(params, v)
+    seconds.append(sync.last_seconds)
+    sizes.append(sync.last_bytes)
+  row = {**first, "sync_bytes": sizes[-1], "sync_s_all": seconds, "sync_s_median": statistics.median(seconds)}
+  if policy.lora is not None:
+    merged = jax.jit(lambda p: lora_export.merge(p, policy))
+    got = sync.box.latest()[0]
+    times = []
+    for _ in range(1 + repeats):  # the first call compiles
+      t = time.perf_counter()
+      copy = jax.block_until_ready(merged(got))
+      times.append(time.perf_counter() - t)
+    row.update(merge_s_median=statistics.median(times[1:]), merge_first_call_s=times[0],
+               merged_copy_bytes=int(sum(x.nbytes for x in jax.tree.leaves(copy))))
+  return row
 
 
 def derive_train(row: dict, machine: dict) -> dict:
@@ -229,7 +275,8 @@ def report(result: dict) -> None:
   """The readable table: machine, engine per batch, train step, RL split, goals."""
   m, model = result["machine_probe"], result["model"]
   print(f"\n{model['path']}: {model['params'] / 1e6:.1f}M params ({model['param_dtype']} weights, {model['dtype']} "
-        f"compute), {result['devices']} XLA device(s)")
+        f"compute), {result['devices']} XLA device(s)"
+        + ("" if not result.get("lora") else f"; LoRA rank {result['lora']['rank']} on {result['lora']['targets']}"))
   print(f"read bandwidth {m['bandwidth'] / 1e9:.2f} GB/s (one device {m['bandwidth_one_device'] / 1e9:.2f}, all "
         f"{m['bandwidth_all_devices'] / 1e9:.2f}); fp32 matmul peak {m['peak_flop_s'] / 1e9:.1f} GFLOP/s")
   print(f"\n{'batch':>5} {'decode ms/step':>14} {'tok/s':>8} {'floor tok/s':>11} {'ratio':>6} {'MFU':>6} "
@@ -244,6 +291,11 @@ def report(result: dict) -> None:
         f"{tr['micro_batches']} micro-batch(es), shared prompt {tr['shared_prompt']}): {tr['step_s_median']:.2f} s, "
         f"{tr['train_tok_s']:.0f} row tok/s, {tr['positions_per_s']:.0f} positions/s, {tr['flop_s'] / 1e9:.1f} "
         f"GFLOP/s, MFU {tr['mfu']:.1%}; compile {tr['compile_train_s']:.1f} s")
+  sy = result["sync"]
+  print(f"weight sync per publish: {sy['sync_bytes'] / 1e6:.2f} MB in {sy['sync_s_median'] * 1e3:.1f} ms (the first: "
+        f"{sy['first_sync_bytes'] / 1e6:.1f} MB)" + ("" if "merge_s_median" not in sy else
+        f"; merging the adapters into a second copy instead: {sy['merge_s_median'] * 1e3:.1f} ms and "
+        f"{sy['merged_copy_bytes'] / 1e6:.0f} MB more"))
   if result.get("rl_split"):
     s = result["rl_split"]
     print(f"\nRL step split (median s per step of {len(s['profile']['per_step'])}): "
@@ -267,6 +319,7 @@ def measure(args: argparse.Namespace) -> dict:
   result = {"model": {"path": run.model.pretrained, "params": param_count(cfg), "dtype": cfg.dtype,
                       "param_dtype": cfg.param_dtype, "layers": cfg.num_layers, "hidden": cfg.hidden,
                       "vocab": cfg.vocab_size},
+            "lora": dataclasses.asdict(run.lora) if run.lora.rank else None,
             "config": args.config, "overrides": args.overrides, "smoke": args.smoke, "jax": jax.__version__,
             "backend": jax.default_backend(), "devices": jax.device_count(),
             "load_average_at_start": os.getloadavg()[0]}
@@ -279,6 +332,9 @@ def measure(args: argparse.Namespace) -> dict:
     progress(f"batch {b}: decode {engine[str(b)]['decode_step_ms']:.1f} ms/step")
   train = bench_train(cfg, params, run, trainer_devices, args.train_steps)
   progress(f"train step {train['step_s_median']:.2f} s")
+  result["sync"] = bench_sync(cfg, params, run, trainer_devices, generator_devices, args.sync_repeats)
+  gc.collect()
+  progress(f"weight sync {result['sync']['sync_bytes'] / 1e6:.2f} MB in {result['sync']['sync_s_median'] * 1e3:.1f} ms")
   del params
   gc.collect()
   probes.append(probe_machine(jax.devices(), gib, peak_n, probe_repeats))
@@ -309,6 +365,7 @@ def main() -> None:
   ap.add_argument("--batches", default="16,64", help="decode slot counts (comma-separated)")
   ap.add_argument("--prefill-repeats", type=int, default=3)
   ap.add_argument("--train-steps", type=int, default=2, help="timed train steps after a first, untimed one")
+  ap.add_argument("--sync-repeats", type=int, default=5, help="timed weight-sync publishes after the first")
   ap.add_argument("--rl-steps", type=int, default=4, help="RL steps of the job for the split (0: skip it)")
   ap.add_argument("--rl-skip", type=int, default=1, help="first RL steps left out of the split (compilation)")
   ap.add_argument("--smoke", action="store_true", help="a quick run for a tiny checkpoint in tests, not a "

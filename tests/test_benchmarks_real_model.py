@@ -31,17 +31,23 @@ def positive(row: dict, *keys: str) -> None:
     assert isinstance(row[k], (int, float)) and math.isfinite(row[k]) and row[k] > 0, (k, row[k])
 
 
-def test_smoke_run_reports_every_number(tmp_path):
+def smoke(tmp_path, *options: str, overrides: tuple = ()) -> tuple[str, dict]:
+  """(stdout, result) of `real_model.py --smoke` on the fixture with `options` and config `overrides`."""
   out = tmp_path / "real_model.json"
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env.update(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir,
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=str(jax.config.jax_persistent_cache_min_compile_time_secs))
-  cmd = [sys.executable, "benchmarks/real_model.py", "--smoke", "--model", str(FIXTURE), "--config",
-         "configs/math_hf.yaml", "--out", str(out), f"data.path={_rows(tmp_path / 'train.jsonl', seed=0)}", *SHAPES]
+  cmd = [sys.executable, "benchmarks/real_model.py", "--smoke", *options, "--model", str(FIXTURE), "--config",
+         "configs/math_hf.yaml", "--out", str(out), f"data.path={_rows(tmp_path / 'train.jsonl', seed=0)}", *SHAPES,
+         *overrides]
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  assert "goal decode >= 0.5 x floor at batch 64" in proc.stdout and "RL step split" in proc.stdout
-  r = json.loads(out.read_text())
+  return proc.stdout, json.loads(out.read_text())
+
+
+def test_smoke_run_reports_every_number(tmp_path):
+  stdout, r = smoke(tmp_path)
+  assert "goal decode >= 0.5 x floor at batch 64" in stdout and "RL step split" in stdout
   assert {"date", "command", "machine"} <= set(r)  # record.save_result's provenance
   assert r["smoke"] and r["devices"] == 2  # the config's host split, not the suite's 8 devices
   model = r["model"]
@@ -68,9 +74,33 @@ def test_smoke_run_reports_every_number(tmp_path):
   positive(t, "step_s_median", "train_tok_s", "positions_per_s", "flop_s", "mfu", "compile_train_s", "micro_batches")
   assert math.isfinite(t["loss"]) and t["skipped"] == 0
 
+  sy = r["sync"]  # without adapters every publish moves the whole model
+  assert sy["sync_bytes"] == sy["first_sync_bytes"] == model["params"] * 4 and "merge_s_median" not in sy
+  positive(sy, "sync_s_median")
+
   s = r["rl_split"]
   assert len(s["profile"]["per_step"]) == 1  # 2 steps, the first (compilation) left out
   positive(s, "generate_s", "score_s", "train_s", "sync_s", "step_s")
   assert math.isfinite(s["other_s"])
   assert set(r["goals_met"]) == {"decode >= 0.5 x floor at batch 64", "compile <= 60 s per shape"}
   assert all(isinstance(v, bool) for v in r["goals_met"].values())
+
+
+def test_smoke_run_with_adapters_measures_them(tmp_path):
+  """lora.rank reaches every part measured: the engine decodes with the adapters in its forward, the train step
+  trains them alone, and each publish after the first moves them alone; the merge into a second copy is timed."""
+  stdout, r = smoke(tmp_path, "--batches", "16", "--rl-steps", "0", overrides=("lora.rank=2",))
+  assert "LoRA rank 2" in stdout and "merging the adapters into a second copy" in stdout
+  model, e, t, sy = r["model"], r["engine"]["16"], r["train"], r["sync"]
+  assert r["lora"]["rank"] == 2
+  # the fixture (2 layers, hidden 32, 4/2 heads of 8, MLP 64): per layer q, k, v, o, gate, up, down adapters of
+  # rank 2, each r x (in + out) fp32 numbers
+  L, D, hd, H, K, F = 2, 32, 8, 4, 2, 64
+  shapes = [(D, H * hd), (D, K * hd), (D, K * hd), (H * hd, D), (D, F), (D, F), (F, D)]
+  adapter_bytes = L * sum(2 * (i + o) for i, o in shapes) * 4
+  assert (sy["first_sync_bytes"], sy["sync_bytes"]) == (model["params"] * 4 + adapter_bytes, adapter_bytes)
+  assert sy["merged_copy_bytes"] == model["params"] * 4
+  positive(sy, "sync_s_median", "merge_s_median")
+  assert math.isclose(e["weight_mb"] * 1e6, model["params"] * 4 + adapter_bytes)  # the decode reads base + adapters
+  assert math.isfinite(t["loss"]) and t["skipped"] == 0
+  assert "rl_split" not in r
