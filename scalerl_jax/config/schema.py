@@ -141,7 +141,7 @@ class LoraConfig:
   base). MoE layers adapt each expert's gate / up / down with its own adapter; the router is never adapted."""
   rank: int = 0  # 0 = off: every weight trains
   alpha: float = 16.0  # the adapters' output scale is alpha / rank
-  dropout: float = 0.0  # dropout on the adapters' input (not implemented: must be 0)
+  dropout: float = 0.0  # dropout on the adapters' input: must be 0 (it would perturb the RL ratios; validate.py)
   targets: Tuple[str, ...] = LORA_TARGETS  # the projections adapted
 
 

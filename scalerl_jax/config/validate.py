@@ -121,7 +121,9 @@ def validate(cfg: RunConfig) -> RunConfig:
   need(lo.rank >= 0, "lora.rank", "must be >= 0 (0: no adapters, every weight trains)")
   if lo.rank > 0:
     need(lo.alpha > 0, "lora.alpha", "must be positive")
-    need(lo.dropout == 0, "lora.dropout", "must be 0: adapter dropout is not implemented")
+    need(lo.dropout == 0, "lora.dropout", "must be 0: dropout in the trainer's forward would make its token "
+         "probabilities differ from the sampler's by a random mask each step, which the importance ratios (and the "
+         "mismatch metrics) would read as off-policy drift; it is not implemented")
     need(bool(lo.targets) and set(lo.targets) <= set(LORA_TARGETS), "lora.targets",
          f"must be a non-empty list of {', '.join(LORA_TARGETS)}")
   rw = cfg.reward
