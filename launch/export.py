@@ -56,9 +56,10 @@ def run_config(run_dir: pathlib.Path):
   return load_config(run_dir / "config.yaml")
 
 
-def restore_params(run_dir: pathlib.Path, cfg, step=None, adapters_only: bool = False):
+def restore_params(run_dir: pathlib.Path, cfg, step=None, adapters_only: bool = False, source=None):
   """(step, params, policy) of the run's checkpoint, restored on one device. A run with adapters: its adapters on
-  their rebuilt base (or, `adapters_only`, the adapters alone: None at the base's leaves)."""
+  their rebuilt base, read from `source` when given (a moved model.pretrained), or, `adapters_only`, the adapters
+  alone (None at the base's leaves)."""
   import jax
 
   from scalerl_jax.mesh import TRAIN_RULES, Layout, make_mesh
@@ -89,21 +90,22 @@ def restore_params(run_dir: pathlib.Path, cfg, step=None, adapters_only: bool = 
     ckpt.close()
   if policy.lora is None or adapters_only:
     return step, state.params, policy
-  base = rebuilt_base(cfg, layout)
+  base = rebuilt_base(cfg, layout, source)
   check_base(RunMeta.from_json(meta).base, base_record(cfg, base), ckpt_dir / str(step))
   return step, lora.attach(base, state.params), policy
 
 
-def rebuilt_base(cfg, layout):
-  """The frozen base a run with adapters trained on, rebuilt as the run built it: model.pretrained's weights or
-  the seed's init (a warm start is not rerun here: export such a run with --adapter)."""
+def rebuilt_base(cfg, layout, source=None):
+  """The frozen base a run with adapters trained on, rebuilt as the run built it: model.pretrained's weights (read
+  from `source` when given: the checksum check that follows refuses other weights) or the seed's init (a warm
+  start is not rerun here: export such a run with --adapter)."""
   import jax
 
   from scalerl_jax.model import make_policy
   if cfg.model.pretrained:
     from scalerl_jax.model.hf import load_pretrained
     m = cfg.model
-    return load_pretrained(m.pretrained, dtype=m.param_dtype, mesh=layout.mesh, rules=layout.rules,
+    return load_pretrained(source or m.pretrained, dtype=m.param_dtype, mesh=layout.mesh, rules=layout.rules,
                            max_seq_len=m.max_seq_len).params
   if cfg.warm_start.enabled and cfg.data.task != "file":
     raise UserError("the run's adapters sit on its warm start, which export does not rerun: pass --adapter for the "
@@ -147,7 +149,8 @@ def main(argv=None) -> int:
       read_vocab(gguf)
     if args.adapter and cfg.lora.rank == 0:
       raise UserError("--adapter: the run trained no adapters (lora.rank = 0)")
-    step, params, policy = restore_params(pathlib.Path(args.run_dir), cfg, args.step, adapters_only=args.adapter)
+    step, params, policy = restore_params(pathlib.Path(args.run_dir), cfg, args.step, adapters_only=args.adapter,
+                                          source=source)
     if args.adapter:
       from scalerl_jax.model.lora_export import export_peft
       out = export_peft(params, policy, args.out, base_name=source or cfg.model.pretrained, dtype=dtype,

@@ -227,6 +227,28 @@ def test_a_lora_run_checkpoints_its_adapters_alone_resumes_them_and_refuses_anot
   back = read_peft(tmp_path / "peft", policy)
   for path, x in jax.tree_util.tree_leaves_with_path(policy.split_trainable(job.state.params)[0]):
     np.testing.assert_array_equal(np.asarray(dict(jax.tree_util.tree_leaves_with_path(back))[path]), np.asarray(x))
+  # PEFT variants whose adapters compute something else, and tensors the targets do not adapt, are refused by name
+  import json
+  import shutil
+
+  from safetensors.numpy import load_file, save_file
+
+  from scalerl_jax.model.hf import HFCheckpointError
+  for key, value in (("use_dora", True), ("use_rslora", True), ("rank_pattern", {"q_proj": 8})):
+    bad = tmp_path / f"peft_{key}"
+    shutil.copytree(tmp_path / "peft", bad)
+    config = json.loads((bad / "adapter_config.json").read_text())
+    (bad / "adapter_config.json").write_text(json.dumps({**config, key: value}))
+    with pytest.raises(HFCheckpointError, match=f"adapter_config.json: {key} = "):
+      read_peft(bad, policy)
+  extra = tmp_path / "peft_extra"
+  shutil.copytree(tmp_path / "peft", extra)
+  tensors = load_file(str(extra / "adapter_model.safetensors"))
+  name = next(k for k in tensors if ".q_proj.lora_A" in k).replace("q_proj", "k_proj")  # k is not a target here
+  save_file({**tensors, name: np.zeros((4, 32), np.float32)}, str(extra / "adapter_model.safetensors"))
+  with pytest.raises(HFCheckpointError, match="holds 1 tensor\\(s\\) the policy's lora.targets do not adapt, e.g. "
+                     + name.replace(".", "\\.")):
+    read_peft(extra, policy)
 
   # a resume whose base is not the one the adapters were trained on (here the init of another seed; a
   # model.pretrained whose files changed alike)
@@ -251,3 +273,53 @@ def test_peft_loads_the_adapter_export_onto_its_base(name):
   assert check["logits_max_abs_diff"] < 1e-4 < check["adapters_move_logits_by"]
   assert check["merged_weights_max_abs_diff"] < 1e-5
   assert set(check["target_modules"]) == {f"{t}_proj" for t in ("q", "k", "v", "o", "gate", "up", "down")}
+
+
+@pytest.mark.parametrize("cfg", [DENSE, MOE], ids=["dense", "moe"])
+def test_adapter_param_count_and_flops_are_analytic(cfg):
+  """lora.adapter_params equals the initialised adapters' size (all experts), and the FLOPs a token costs with
+  adapters: their forward on top of the base's, and a backward with no gradient of the frozen base's weights."""
+  from scalerl_jax.model import flops_per_token
+  spec = lora.LoraSpec.of(LORA)
+  assert lora.adapter_params(cfg, spec) == lora.count(make_policy(cfg, LORA).init(0)) > 0
+  assert lora.adapter_params(cfg, None) == 0
+  # one token uses k of E experts' adapters: fewer than all, and exactly the dense layer's share plus k experts'
+  active = lora.adapter_params(cfg, spec, active=True)
+  assert active <= lora.adapter_params(cfg, spec) and (active < lora.adapter_params(cfg, spec)) == bool(cfg.moe_layers)
+  fwd, ad = flops_per_token(cfg, 8), 2.0 * active
+  assert flops_per_token(cfg, 8, lora=LORA) == fwd + ad
+  assert flops_per_token(cfg, 8, backward=True, lora=LORA) == 2 * fwd + 3 * ad  # not 3 x (fwd + ad)
+  assert flops_per_token(cfg, 8, backward=True) == 3 * fwd  # without adapters, as before
+
+
+def test_adapters_train_in_fp32_on_a_bf16_base():
+  """A bf16 base keeps bf16 weights, its adapters fp32 (their small early updates would round away in bf16), and
+  the merged export keeps the sum in fp32 until the export casts."""
+  from scalerl_jax.model.lora_export import merge
+  cfg = dataclasses.replace(DENSE, param_dtype="bfloat16", dtype="bfloat16")
+  policy = make_policy(cfg, LORA)
+  params = policy.init(0)
+  leaves = _leaves(params)
+  assert {str(x.dtype) for k, x in leaves.items() if "_lora" in k} == {"float32"}
+  assert {str(x.dtype) for k, x in leaves.items() if "_lora" not in k} == {"bfloat16"}
+  params = jax.tree_util.tree_map_with_path(  # a small trained B: what bf16 rounding would lose
+      lambda p, x: jnp.full_like(x, 1e-4) if lora.is_adapter(p) and p[-1].key == "b" else x, params)
+  merged = _leaves(merge(params, policy))
+  q = next(k for k in merged if k.endswith("['attn']['q']"))
+  assert merged[q].dtype == jnp.float32
+  base = np.asarray(_leaves(params)[q], np.float32)
+  kept_fp32 = np.mean(np.asarray(merged[q]) != base)
+  kept_bf16 = np.mean(np.asarray(jnp.asarray(merged[q], jnp.bfloat16), np.float32) != base)
+  assert kept_fp32 > 0.99 and kept_bf16 < 0.5, (kept_fp32, kept_bf16)  # bf16 would have rounded most of it away
+
+
+def test_lora_keys_other_than_rank_do_not_block_a_resume_without_adapters():
+  """At lora.rank = 0 the other lora keys describe nothing the run trained: changing them is no config change."""
+  from scalerl_jax.train.checkpoint import config_fingerprint, fingerprint_changes
+  off = RunConfig()
+  other = dataclasses.replace(off, lora=dataclasses.replace(off.lora, alpha=32.0, targets=("q",)))
+  assert fingerprint_changes(config_fingerprint(off), other) == []
+  on = dataclasses.replace(off, lora=dataclasses.replace(off.lora, rank=8))
+  assert fingerprint_changes(config_fingerprint(dataclasses.replace(on, lora=dataclasses.replace(on.lora, alpha=32.0))),
+                             on) == ["lora.alpha: 32.0 -> 16.0"]
+  assert fingerprint_changes(config_fingerprint(off), on) == ["lora.rank: 0 -> 8"]

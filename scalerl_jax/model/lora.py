@@ -58,6 +58,9 @@ class Adapter(nnx.Module):
   def __init__(self, spec: LoraSpec, in_shape, in_axes, out_shape, out_axes, param_dtype, rngs: nnx.Rngs,
                experts: int = 0):
     lead, lead_axes = ((experts,), ("expert",)) if experts else ((), ())
+    # at least fp32 whatever the base's dtype: adapters are small, and in bf16 their early updates (A ~ 1/sqrt(in)
+    # times lr) would round away
+    param_dtype = jnp.promote_types(param_dtype, jnp.float32)
     fan_in = math.prod(in_shape)
     key = rngs.lora() if "lora" in rngs else rngs.params()
     bound = fan_in ** -0.5
@@ -74,6 +77,24 @@ def adapter(spec: Optional[LoraSpec], target: str, in_shape, in_axes, out_shape,
   if spec is None or target not in spec.targets:
     return None
   return Adapter(spec, in_shape, in_axes, out_shape, out_axes, param_dtype, rngs, experts)
+
+
+def adapter_params(cfg, spec: Optional[LoraSpec], active: bool = False) -> int:
+  """Analytic count of the adapters' params (r (in + out) per adapted projection; equals `count` of an initialised
+  tree, checked in tests), or with `active` those one token's matmuls use (an MoE layer's k routed experts'
+  adapters instead of all E). 0 without adapters."""
+  if spec is None:
+    return 0
+  D, Q, K, H, r, t = cfg.hidden, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, spec.rank, set(spec.targets)
+  attn = {"q": (D, Q * H), "k": (D, K * H), "v": (D, K * H), "o": (Q * H, D)}
+  each = lambda shapes: sum(r * (i + o) for name, (i, o) in shapes.items() if name in t)  # noqa: E731
+  mlp = lambda F: each({"gate": (D, F), "up": (D, F), "down": (F, D)})  # noqa: E731
+  sparse = set(cfg.moe_layers)
+  routed = cfg.experts_per_token if active else cfg.num_experts
+  per_layer = [(routed * mlp(cfg.expert_width) + (mlp(cfg.shared_expert_intermediate)
+                                                  if cfg.shared_expert_intermediate else 0))
+               if i in sparse else mlp(cfg.intermediate) for i in range(cfg.num_layers)]
+  return cfg.num_layers * each(attn) + sum(per_layer)
 
 
 def is_adapter(path) -> bool:

@@ -69,7 +69,9 @@ def merge(params: Any, policy) -> Any:
     key = jax.tree_util.keystr(path)
     if key in base:
       ad = base[key][1]
-      w = (jnp.asarray(w, jnp.float32) + spec.scale * _delta(ad["a"], ad["b"], w.ndim)).astype(w.dtype)
+      # at least fp32: a bf16 base would round much of a small update away before the export casts once
+      w = (jnp.asarray(w, jnp.float32) + spec.scale * _delta(ad["a"], ad["b"], w.ndim)).astype(
+          jnp.promote_types(w.dtype, jnp.float32))
     merged[path] = w
   # rebuild the nested dict without the adapters' (now empty) entries
   out: dict = {}
@@ -143,10 +145,19 @@ def read_peft(adapter_dir: str | os.PathLike, policy, family: Optional[str] = No
   for key, ours in (("r", spec.rank if spec else 0), ("lora_alpha", spec.alpha if spec else 0)):
     if config.get(key) != ours:
       raise HFCheckpointError(f"{d / ADAPTER_CONFIG}: {key} = {config.get(key)!r}, the policy's lora keys give {ours!r}")
+  # variants whose output is not x W + (alpha / r) x A B with A, B as stored: another scale, a magnitude vector,
+  # transposed layers, per-module ranks
+  for key in ("use_rslora", "use_dora", "fan_in_fan_out"):
+    if config.get(key):
+      raise HFCheckpointError(f"{d / ADAPTER_CONFIG}: {key} = {config[key]!r}; only plain LoRA adapters are read")
+  for key in ("rank_pattern", "alpha_pattern"):
+    if config.get(key):
+      raise HFCheckpointError(f"{d / ADAPTER_CONFIG}: {key} = {config[key]!r}; one rank and alpha for every module "
+                              "are read")
   stored = load_file(str(d / ADAPTER_WEIGHTS))
   names = _names(policy.cfg, family)
   template = policy.split_trainable(policy.param_shapes)[0]
-  want = {}
+  want, used = {}, set()
   for key, (ad_key, ad) in _adapters(template).items():
     m = names[key]
     parts = []
@@ -162,6 +173,11 @@ def read_peft(adapter_dir: str | os.PathLike, policy, family: Optional[str] = No
     a = np.stack([p[0] for p in parts]) if m.experts else parts[0][0]
     b = np.stack([p[1] for p in parts]) if m.experts else parts[0][1]
     want[ad_key] = {"a": a.astype(ad["a"].dtype), "b": b.astype(ad["b"].dtype)}
+    used.update(_PREFIX + name[:-len(".weight")] + f".lora_{x}.weight" for name in m.names for x in "AB")
+  extra = sorted(set(stored) - used)
+  if extra:
+    raise HFCheckpointError(f"{d / ADAPTER_WEIGHTS}: holds {len(extra)} tensor(s) the policy's lora.targets do not "
+                            f"adapt, e.g. {extra[0]} (lora.targets = {list(spec.targets) if spec else []})")
   return jax.tree_util.tree_map_with_path(
       lambda path, leaf: None if leaf is None else jnp.asarray(want[jax.tree_util.keystr(path[:-1])][path[-1].key]),
       template, is_leaf=lambda x: x is None)

@@ -229,7 +229,14 @@ def param_count(cfg: ModelConfig, active: bool = False) -> int:
   return family_of(cfg).param_count(cfg, active)
 
 
-def flops_per_token(cfg: ModelConfig, context: int, backward: bool = False) -> float:
+def flops_per_token(cfg: ModelConfig, context: int, backward: bool = False, lora=None) -> float:
   """Analytic matmul FLOPs of `cfg.family` for one token attending to `context` earlier positions (forward, or
-  forward + backward)."""
-  return family_of(cfg).flops_per_token(cfg, context, backward)
+  forward + backward). With adapters (`lora`: a LoraConfig or LoraSpec of rank > 0) the forward adds 2 FLOPs per
+  adapter param a token uses, and the backward computes no gradient of the frozen base's weights: 2x the base's
+  forward (the gradients of its activations) plus 3x the adapters' forward."""
+  spec = lora if isinstance(lora, lora_lib.LoraSpec) or lora is None else lora_lib.LoraSpec.of(lora)
+  fwd = family_of(cfg).flops_per_token(cfg, context, False)
+  if spec is None:
+    return 3.0 * fwd if backward else fwd
+  ad = 2.0 * lora_lib.adapter_params(cfg, spec, active=True)
+  return 2.0 * fwd + 3.0 * ad if backward else fwd + ad

@@ -88,8 +88,9 @@ class Parts:
   meter: ComputeMeter
 
   def flops_per_token(self, backward: bool) -> float:
-    """Analytic FLOPs per token (active params) at the mean context, forward or forward + backward."""
-    return flops_per_token(self.cfg.model, self.shapes.T // 2, backward=backward)
+    """Analytic FLOPs per token (active params, adapters included) at the mean context, forward or forward +
+    backward."""
+    return flops_per_token(self.cfg.model, self.shapes.T // 2, backward=backward, lora=self.cfg.lora)
 
 
 def resolve_config(cfg: RunConfig) -> RunConfig:
@@ -194,7 +195,9 @@ def initial_state(parts: Parts, stop: Callable[[], bool], progress: bool, summar
       if policy.lora is not None:
         base = base_params(parts, stop, progress, {})
         check_base(meta.base, base_record(cfg, base), parts.ckpt.directory / str(found[0]))
-        state = dataclasses.replace(state, params=lora.attach(base, state.params))
+        # on the trainer mesh as a fresh run's (a warm start's base comes back as host arrays)
+        state = dataclasses.replace(state, params=jax.device_put(lora.attach(base, state.params),
+                                                                 parts.state_sh.params))
       return state, meta
   params = start_params(parts, stop, progress, summary)
   return init_train_state(policy, parts.optimizer, layout, cfg.seed, params), None

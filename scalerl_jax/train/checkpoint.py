@@ -92,7 +92,10 @@ def config_fingerprint(cfg: RunConfig) -> dict[str, Any]:
   out: dict[str, Any] = {}
   for group in _FINGERPRINT_GROUPS:
     _flatten(group, dataclasses.asdict(getattr(cfg, group)), out)
-  return {k: v for k, v in out.items() if not any(k == m or k.startswith(m) for m in _MAY_CHANGE)}
+  # without adapters (lora.rank = 0) the other lora keys describe nothing the run trained
+  off = ("lora.",) if cfg.lora.rank == 0 else ()
+  return {k: v for k, v in out.items() if not any(k == m or k.startswith(m) for m in _MAY_CHANGE)
+          and (k == "lora.rank" or not k.startswith(off))}
 
 
 def _legacy_fingerprint(cfg: RunConfig) -> dict:
@@ -121,6 +124,8 @@ def fingerprint_changes(saved: dict, cfg: RunConfig) -> list[str]:
   now, defaults = config_fingerprint(cfg), config_fingerprint(RunConfig())
   changes = []
   for key, value in now.items():
+    if key not in saved and key not in defaults:  # lora.* beyond lora.rank of a run without adapters: the rank says it
+      continue
     # a key the checkpoint does not know was added to the config later: it had its default value then
     old = saved.get(key, defaults.get(key))
     if key in PATH_KEYS and isinstance(old, str) and old and os.path.abspath(os.path.expanduser(old)) == value:
