@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     _write(args.json, "--json", lambda: pathlib.Path(args.json).write_text(json.dumps(out, indent=1) + "\n"))
   if args.plot:
     from scalerl_jax.scaling import plots
-    ax = plots.plot_fit(runs[0]) if len(runs) == 1 else plots.plot_comparison(runs)
+    ax = plots.plot_fit(runs[0], target=args.target) if len(runs) == 1 else plots.plot_comparison(runs)
     _write(args.plot, "--plot", lambda: plots.save(ax.figure, args.plot))
   return 0
 

@@ -54,7 +54,7 @@ def final_report(cfg: RunConfig, summary: dict) -> str:
     try:
       from scalerl_jax.scaling import fit_run, format_report
       fit = fit_run(str(run_dir), x=cfg.curve_fit.x, fit_upto=cfg.curve_fit.fit_upto, c_min=cfg.curve_fit.c_min,
-                    bayes=cfg.curve_fit.bayes, plot=str(run_dir / "scaling_curve.png"))
+                    bayes=cfg.curve_fit.bayes, plot=str(run_dir / "scaling_curve.png"), target=cfg.curve_fit.target)
       (run_dir / "scaling_fit.json").write_text(json.dumps(fit, indent=2, default=str))
       lines.append(format_report(fit))
       lines.append(f"plot: {run_dir / 'scaling_curve.png'}")

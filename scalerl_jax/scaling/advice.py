@@ -56,16 +56,45 @@ def ceiling_checks(c_mid: float, c_cut: float, a_hi: float) -> tuple[bool, str]:
   return True, ""
 
 
+def below_measured(a: float, compute, reward, n_total, rmse: float) -> str:
+  """Why a ceiling `a` cannot be one (a sentence), or "": the run has already measured pass rates above it by more
+  than their noise. A point counts when its pass rate less 2 standard errors (binomial, from its sample count
+  `n_total`; the fit's `rmse` when the points carry no counts, n_total None) still exceeds `a`; the sentence names
+  the highest such point."""
+  r, c = np.asarray(reward, float), np.asarray(compute, float)
+  if n_total is not None:
+    se = np.sqrt(r * (1 - r) / np.maximum(np.asarray(n_total, float), 1.0))
+  else:
+    se = np.full(r.shape, float(rmse))
+  over = np.flatnonzero(r - 2 * se > a)
+  if not over.size:
+    return ""
+  i = over[np.argmax(r[over])]
+  return (f"A={a:.3f} lies below pass rates the run has already measured ({r[i]:.3f} at C={c[i]:.4g}, "
+          f"{len(over)} point(s) above A by more than 2 standard errors): the curve does not describe the run")
+
+
 def ceiling_status(run) -> tuple[bool, str]:
   """(identified, why not): `ceiling_checks` on the NumPyro posterior when the run has one (median C_mid, the
-  upper end of A's central `run.level` interval), else on the least-squares estimates."""
+  upper end of A's central `run.level` interval), else on the least-squares estimates; then `below_measured` on
+  every point the fit was given (R0's and the fit window's) against that fit's A (the median, or the estimate)."""
   c_cut = float(run.window.fit.compute[-1])  # the last fitted compute, as for a study's recipe
   if run.bayes is not None:
     hi = 0.5 + run.level / 2
-    return ceiling_checks(float(np.median(run.bayes.param("C_mid"))), c_cut,
-                          float(np.quantile(run.bayes.param("A"), hi)))
-  p = run.lsq.params
-  return ceiling_checks(p.C_mid, c_cut, p.A)
+    a = float(np.median(run.bayes.param("A")))
+    ok, why = ceiling_checks(float(np.median(run.bayes.param("C_mid"))), c_cut,
+                             float(np.quantile(run.bayes.param("A"), hi)))
+  else:
+    p = run.lsq.params
+    a = p.A
+    ok, why = ceiling_checks(p.C_mid, c_cut, p.A)
+  if ok:
+    pts = run.points
+    seen = pts.compute <= c_cut
+    why = below_measured(a, pts.compute[seen], pts.reward[seen],
+                         None if pts.n_total is None else pts.n_total[seen], run.lsq.rmse)
+    ok = not why
+  return ok, why
 
 
 def target_advice(run, target: float, *, level: float = 0.9, n_draws: int = 4000, seed: int = 0) -> dict:

@@ -186,7 +186,7 @@ class BayesFit:
     rng = rng or np.random.default_rng(0)
     c = np.asarray(c, dtype=float)
     s = self.samples["wander_sigma"][:, None]
-    eps = rng.normal(size=(len(s), c.size))
+    eps = rng.normal(size=(len(s), 1))  # one draw per sample for every c: the band is smooth in c
     if self.wander == "iid":
       return s * eps
     f = self.samples["wander_f"]
@@ -203,7 +203,8 @@ class BayesFit:
     """(lower, median, upper) of R(c) at central `level`. `predictive` adds what a measurement at c carries
     beyond the mean curve: the wander (`wander_draws`) and the model discrepancy beyond the fit
     (curves.Discrepancy), both on the logit scale, then the likelihood's noise for one evaluation of n_total
-    samples (betabinomial: normal approximation with the phi overdispersion factor)."""
+    samples (binomial and betabinomial: their normal approximations, the latter with the phi overdispersion
+    factor). Each random term is drawn once per posterior sample for every c, so the band is smooth in c."""
     mu = self.curves(c, seed)
     if predictive:
       rng = rng or np.random.default_rng(0)
@@ -213,25 +214,27 @@ class BayesFit:
       off = np.zeros(mu.shape)
       if self.wander != "none":
         off = off + self.wander_draws(c, seed, rng)
-      sd = self.discrepancy.sd(c, float(self.fit_x[seed or 0][-1]) * self.x_scale if self.fit_x else 0.0)
+      c_fit_last = float(self.fit_x[seed or 0][-1]) * self.x_scale if self.fit_x else 0.0
+      sd = self.discrepancy.sd(c, c_fit_last)
+      # every random term draws once per posterior sample and serves every c, so the band is smooth in c
+      one = (mu.shape[0], 1)
       if np.any(sd > 0):
-        off = off + self.discrepancy.draws(rng, mu.shape) * sd[None, :]
+        off = off + self.discrepancy.draws(rng, one) * sd[None, :]
       if np.any(off != 0):
         mu = expit(logit(mu) + off)
       if self.likelihood == "gaussian":
-        mu = mu + rng.normal(size=mu.shape) * self.samples["sigma"][:, None]
-      elif self.likelihood == "binomial":
-        n = int(round(self.n_total))
-        mu = rng.binomial(n, np.clip(mu, 0, 1)) / n
+        mu = mu + rng.normal(size=one) * self.samples["sigma"][:, None]
+      elif self.likelihood == "binomial":  # its normal approximation: continuous in c
+        mu = mu + rng.normal(size=one) * np.sqrt(np.clip(mu * (1 - mu), 0, None) / max(self.n_total, 1.0))
       else:
         spp = self.n_total / max(self.n_prompts, 1)
         var = mu * (1 - mu) / self.n_total * (1 + (spp - 1) / (self.samples["phi"][:, None] + 1))
-        mu = mu + rng.normal(size=mu.shape) * np.sqrt(var)
+        mu = mu + rng.normal(size=one) * np.sqrt(var)
     lo, med, hi = np.quantile(mu, [0.5 - level / 2, 0.5, 0.5 + level / 2], axis=0)
-    if predictive and self.discrepancy.scores and np.any(sd > 0):  # conformal beyond the fit (curves.Discrepancy)
+    if predictive and self.discrepancy.scores and np.any(sd > 0):
+      # conformal, widening from the fit's own band at the cut-off (curves.Discrepancy.conformal)
       lo90, hi90 = np.quantile(mu, [0.05, 0.95], axis=0)
-      clo, chi = self.discrepancy.conformal(lo90, med, hi90, level)
-      lo, hi = np.where(sd > 0, clo, lo), np.where(sd > 0, chi, hi)
+      lo, hi = self.discrepancy.conformal(lo90, med, hi90, level, self.discrepancy.distance(c, c_fit_last))
     return lo, med, hi
 
 

@@ -29,9 +29,13 @@ import dataclasses
 
 import numpy as np
 from scipy.special import expit
+from scipy.stats import norm
 
 
 Z90 = 1.6448536269514722  # the standard normal's 95th percentile
+# the distance ln(C / the last fitted C) over which a conformal band widens from the fit's own to the calibrated one:
+# ln 2, a fit on the first half of a run's compute predicting its end (Discrepancy.conformal)
+RAMP = float(np.log(2.0))
 
 
 def logit(p) -> np.ndarray:
@@ -64,12 +68,18 @@ class Discrepancy:
   df: float = float("inf")
   scores: tuple = ()
 
+  @staticmethod
+  def distance(c, c_fit_last: float) -> np.ndarray:
+    """ln(c / c_fit_last), 0 at and before it (and everywhere without a fit's last compute)."""
+    c = np.asarray(c, dtype=float)
+    if c_fit_last <= 0:
+      return np.zeros(c.shape)
+    return np.log(np.maximum(c, c_fit_last) / c_fit_last)
+
   def sd(self, c, c_fit_last: float) -> np.ndarray:
     """The scale at each compute c (0 at and before c_fit_last)."""
-    c = np.asarray(c, dtype=float)
-    if self.scale <= 0 or c_fit_last <= 0:
-      return np.zeros(c.shape)
-    return self.scale * np.log(np.maximum(c, c_fit_last) / c_fit_last) ** self.power
+    d = self.distance(c, c_fit_last)
+    return np.zeros(d.shape) if self.scale <= 0 else self.scale * d ** self.power
 
   def draws(self, rng: np.random.Generator, shape) -> np.ndarray:
     """Standard draws (Student-t with df degrees of freedom, or normal), to be multiplied by `sd`."""
@@ -80,11 +90,16 @@ class Discrepancy:
     s = np.sort(np.asarray(self.scores, dtype=float))
     return float(s[min(int(np.ceil((s.size + 1) * level)), s.size) - 1])
 
-  def conformal(self, lo90, med, hi90, level: float) -> tuple[np.ndarray, np.ndarray]:
-    """(lo, hi) at `level` from a band's 5 %, 50 % and 95 % points: med -/+ multiplier(level) * sd on the logit
-    scale, sd = the 5-95 % width / (2 * 1.645)."""
+  def conformal(self, lo90, med, hi90, level: float, dist=None) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) at `level` from a band's 5 %, 50 % and 95 % points: med -/+ m * sd on the logit scale, sd = the
+    5-95 % width / (2 * 1.645). m = multiplier(level) at `dist` >= RAMP (the distance ln(C / the last fitted C) of
+    the calibration's extrapolations from half a run to its end; the default), the normal quantile of `level` at
+    dist <= 0 (inside the fit, where nothing is added), and linear in between: the band is continuous at the fit's
+    cut-off and exactly the calibrated one from RAMP on."""
     sd = logit_sd(lo90, hi90)
-    m = self.multiplier(level)
+    z = norm.ppf(0.5 + level / 2)
+    w = 1.0 if dist is None else np.clip(np.asarray(dist, dtype=float) / RAMP, 0.0, 1.0)
+    m = z + (self.multiplier(level) - z) * w
     return expit(logit(med) - m * sd), expit(logit(med) + m * sd)
 
   def as_dict(self) -> dict:

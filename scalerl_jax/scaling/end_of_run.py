@@ -14,8 +14,9 @@ from scalerl_jax.scaling.points import CurvePoints
 
 
 def fit_run(points: Union[CurvePoints, str], *, x: str = DEFAULT_X, fit_upto: float = 0.5,
-            c_min: float = 0.0, bayes: bool = True, plot: Optional[str] = None, **kwargs) -> dict:
-  """Fits one run and returns `summary` (JSON-ready); `plot` saves the fit plot there.
+            c_min: float = 0.0, bayes: bool = True, plot: Optional[str] = None, target: Optional[float] = None,
+            **kwargs) -> dict:
+  """Fits one run and returns `summary` (JSON-ready); `plot` saves the fit plot there (with a `target` line).
 
   `points`: CurvePoints, or a run directory / CSV / metrics.jsonl read on the `x` axis ("accelerator_hours",
   "accelerator_seconds" or "flops"). Other keyword arguments go to `analyse` (method, fit_r0, likelihood, ...).
@@ -25,7 +26,7 @@ def fit_run(points: Union[CurvePoints, str], *, x: str = DEFAULT_X, fit_upto: fl
   run = analyse(points, fit_upto=fit_upto, c_min=c_min, bayes=bayes, **kwargs)
   if plot:
     from scalerl_jax.scaling import plots  # matplotlib only when asked
-    plots.save(plots.plot_fit(run).figure, plot)
+    plots.save(plots.plot_fit(run, target=target).figure, plot)
   return summary(run)
 
 

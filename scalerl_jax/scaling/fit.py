@@ -37,6 +37,7 @@ import numpy as np
 from scipy.optimize import OptimizeWarning, curve_fit
 from scipy.special import expit
 from scipy.stats import norm
+from scipy.stats import t as student_t
 
 from scalerl_jax.scaling.curves import Discrepancy, PowerLawParams, SigmoidParams, log_compute, logit, sigmoid_curve
 from scalerl_jax.scaling.points import MIN_FIT_POINTS, CurveDataError
@@ -68,7 +69,9 @@ class LsqFit:
   def band(self, c, level: float = 0.9, predictive: bool = False) -> Tuple[np.ndarray, np.ndarray]:
     """Delta-method band at compute `c`: R(c) -/+ z sd. `predictive` adds the residual variance s^2 (one new
     measurement rather than the mean curve) and, beyond the fit, the model discrepancy on the logit scale
-    (curves.Discrepancy; then the band is taken from BAND_DRAWS draws). nan when the covariance is unknown."""
+    (curves.Discrepancy; then the band is taken from BAND_DRAWS draws shared by every c, so it is a smooth
+    function of c, and with conformal scores it is conformal, continuous at the cut-off). nan when the covariance
+    is unknown."""
     mean = self.params(c)
     if self.cov is None:
       return np.full_like(mean, np.nan), np.full_like(mean, np.nan)
@@ -78,21 +81,30 @@ class LsqFit:
     if not predictive:
       return mean - z * np.sqrt(var), mean + z * np.sqrt(var)
     var = var + self.sse / max(self.n - self.cov.shape[0], 1)
-    sd = self.discrepancy.sd(c, self.c_fit_last)
+    d = self.discrepancy
+    sd = d.sd(c, self.c_fit_last)
     if not np.any(sd > 0):
       return mean - z * np.sqrt(var), mean + z * np.sqrt(var)
-    # Beyond the fit: the normal band on R, then the discrepancy on the logit scale, by draws (fixed seed).
-    rng = np.random.default_rng(0)
-    r = np.clip(mean[None, :] + np.sqrt(var)[None, :] * rng.normal(size=(BAND_DRAWS, mean.size)), 1e-6, 1 - 1e-6)
-    draws = expit(logit(r) + self.discrepancy.draws(rng, r.shape) * sd[None, :])
-    lo, hi = np.quantile(draws, [0.5 - level / 2, 0.5 + level / 2], axis=0)
-    inside = sd <= 0  # the exact band where nothing is added
-    lo, hi = np.where(inside, mean - z * np.sqrt(var), lo), np.where(inside, mean + z * np.sqrt(var), hi)
-    if self.discrepancy.scores:  # conformal beyond the fit, around the curve (curves.Discrepancy)
+    # The normal band on R, then the discrepancy on the logit scale, by draws: one column of standard draws
+    # serves every c (stratified, so their quantiles are the exact ones, and paired at random)
+    e_fit, e_disc = band_draws(d, BAND_DRAWS)
+    r = np.clip(mean[None, :] + np.sqrt(var)[None, :] * e_fit, 1e-6, 1 - 1e-6)
+    draws = expit(logit(r) + e_disc * sd[None, :])
+    if d.scores:  # conformal, widening from the fit's own band at the cut-off (curves.Discrepancy.conformal)
       lo90, hi90 = np.quantile(draws, [0.05, 0.95], axis=0)
-      clo, chi = self.discrepancy.conformal(lo90, mean, hi90, level)
-      lo, hi = np.where(sd > 0, clo, lo), np.where(sd > 0, chi, hi)
+      return d.conformal(lo90, mean, hi90, level, d.distance(c, self.c_fit_last))
+    lo, hi = np.quantile(draws, [0.5 - level / 2, 0.5 + level / 2], axis=0)
     return lo, hi
+
+
+def band_draws(discrepancy: Discrepancy, n: int, seed: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+  """([n, 1] standard normal draws, [n, 1] draws of the discrepancy's law), each stratified (the law's quantiles
+  at (i + 1/2) / n) and paired by a random permutation (fixed seed): columns for bands whose every compute uses the
+  same draws, so a band is smooth in c and free of Monte-Carlo noise in its quantiles."""
+  u = (np.arange(n) + 0.5) / n
+  e_fit = norm.ppf(u)
+  e_disc = norm.ppf(u) if np.isinf(discrepancy.df) else student_t.ppf(u, discrepancy.df)
+  return e_fit[:, None], np.random.default_rng(seed).permutation(e_disc)[:, None]
 
 
 @dataclasses.dataclass(frozen=True)

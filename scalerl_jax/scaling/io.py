@@ -39,6 +39,9 @@ X_AXES = {
     "generator_flops": ("compute/generator_flops", 1.0),  # the sampling compute alone
     "steps": ("step", 1.0),  # optimizer steps (a budget, not a compute: for a quick look)
 }
+# each axis's unit, for reports and plots
+UNITS = {"accelerator_hours": "accelerator-hours", "accelerator_seconds": "accelerator-seconds", "flops": "FLOPs",
+         "generator_flops": "sampling FLOPs", "steps": "optimizer steps"}
 DEFAULT_X = CurveFitConfig.x  # one default everywhere (the CPU default's axis: the sampling compute)
 EVAL_KEY = "eval/pass_rate"
 log = logging.getLogger(__name__)

@@ -13,12 +13,11 @@ import numpy as np
 
 import matplotlib.pyplot as plt
 
-from scalerl_jax.scaling.analysis import RunFit
+from scalerl_jax.scaling.analysis import RunFit, headline
 from scalerl_jax.scaling.compare import linearised, refit_common_a
 from scalerl_jax.scaling.curves import log_f, sigmoid_curve
+from scalerl_jax.scaling.io import UNITS
 
-UNITS = {"accelerator_hours": "accelerator-hours", "accelerator_seconds": "accelerator-seconds", "flops": "FLOPs",
-         "generator_flops": "sampling FLOPs", "steps": "optimizer steps"}
 
 
 def _short(name: str) -> str:
@@ -55,25 +54,30 @@ def _band(run: RunFit, grid: np.ndarray):
   return run.lsq.band(grid, run.level)
 
 
-def plot_fit(run: RunFit, ax=None, c_max: Optional[float] = None, color: str = "C0", label: str = ""):
-  """Measured points (fitted: filled, held out: hollow, dropped below c_min: grey), the fitted curve, its band
-  (posterior band with --bayes, delta-method band otherwise) and beside it the predictive band of one evaluation
-  (dashed), the extrapolated region shaded, the cut-off marked."""
+def plot_fit(run: RunFit, ax=None, c_max: Optional[float] = None, color: str = "C0", label: str = "",
+             target: Optional[float] = None):
+  """Measured points (fitted: filled, held out: hollow, dropped below c_min: grey; each kind in the legend), the
+  headline fit's curve (`analysis.headline`: the posterior median with a NumPyro fit, else least squares), its
+  band, the predictive band of one evaluation (dashed: continuous and smooth through the cut-off), the
+  extrapolated region shaded, the cut-off marked, the ceiling A drawn and labelled only when the fit identifies
+  it, and a `target` pass rate when given. The legend sits beside the axes, off the data."""
   ax = _axes(ax)
   w, name = run.window, label or _short(run.name) or "run"
   grid = _grid(run, c_max)
   lo, hi = _band(run, grid)
+  head = headline(run)
   band_label = f"{run.level:.0%} " + ("posterior band" if run.bayes is not None else "band (delta method)")
-  ax.axvspan(w.c_cut, grid[-1], color="0.93", zorder=0, label="extrapolated")
-  ax.axvline(w.c_cut, color="0.5", ls="--", lw=1, label=f"fit cut-off C={w.c_cut:.4g}")
+  ax.axvspan(w.c_cut, grid[-1], color="0.93", zorder=0, label="extrapolated (beyond the fit)")
+  ax.axvline(w.c_cut, color="0.5", ls="--", lw=1, label=f"fit cut-off C = {w.c_cut:.3g}")
   if w.c_min > 0:
-    ax.axvline(w.c_min, color="0.7", ls=":", lw=1, label=f"c_min={w.c_min:.4g}")
+    ax.axvline(w.c_min, color="0.7", ls=":", lw=1, label=f"c_min = {w.c_min:.3g}")
   if np.all(np.isfinite(lo)):
     ax.fill_between(grid, lo, hi, color=color, alpha=0.2, lw=0, label=band_label)
-  ax.plot(grid, run.lsq.params(grid), color=color, lw=2,
-          label=f"{name}: A={run.lsq.params.A:.3f}, B={run.lsq.params.B:.2f} ({run.lsq.method})")
-  if run.bayes is not None:
-    ax.plot(grid, run.bayes.band(grid, run.level)[1], color=color, lw=1, ls=":", label="posterior median")
+  curve = run.bayes.band(grid, run.level)[1] if run.bayes is not None else run.lsq.params(grid)
+  ax.plot(grid, curve, color=color, lw=2, label=f"{name}: {head['fitter']} (A = {head['A']:.3f}, B = {head['B']:.2f})")
+  if run.bayes is not None:  # the paper's least squares beside it, thin
+    ax.plot(grid, run.lsq.params(grid), color=color, lw=0.8, ls=":",
+            label=f"least squares (A = {run.lsq.params.A:.3f}, B = {run.lsq.params.B:.2f})")
   plo, *_, phi = (run.bayes or run.lsq).band(grid, run.level, predictive=True)
   if np.all(np.isfinite(plo)):  # where one evaluation should land: the mean's band plus its noise, the wander and,
     # beyond the cut-off, the model discrepancy (curves.Discrepancy)
@@ -81,16 +85,31 @@ def plot_fit(run: RunFit, ax=None, c_max: Optional[float] = None, color: str = "
     ax.plot(grid, phi, color=color, lw=0.8, ls="--")
   pts = run.points
   dropped = (pts.compute > 0) & (pts.compute < w.c_min)
-  ax.scatter(w.fit.compute, w.fit.reward, s=14, color=color, zorder=3)
-  ax.scatter(w.held_out.compute, w.held_out.reward, s=14, facecolors="none", edgecolors=color, zorder=3)
+  ax.scatter(w.fit.compute, w.fit.reward, s=14, color=color, zorder=3, label="evaluations fitted")
+  if len(w.held_out):
+    ax.scatter(w.held_out.compute, w.held_out.reward, s=14, facecolors="none", edgecolors=color, zorder=3,
+               label="evaluations held out (not fitted)")
   if np.any(dropped):
-    ax.scatter(pts.compute[dropped], pts.reward[dropped], s=10, color="0.6", zorder=3)
-  ax.axhline(run.lsq.params.A, color=color, lw=0.8, ls="-.", alpha=0.6)
+    ax.scatter(pts.compute[dropped], pts.reward[dropped], s=10, color="0.6", zorder=3, label="below c_min (dropped)")
+  if head["ceiling_identified"]:
+    ax.axhline(head["A"], color=color, lw=0.8, ls="-.", alpha=0.7, label=f"ceiling A = {head['A']:.3f}")
+  if target is not None:
+    ax.axhline(target, color="C3", lw=0.8, ls=(0, (4, 2)), label=f"target {target:.3g}")
   ax.set_xscale("log")
   ax.set_xlabel(_x_label([run]))
   ax.set_ylabel("held-out pass rate")
-  ax.legend(fontsize=8, loc="lower right")
+  if not head["ceiling_identified"]:
+    ax.set_title(f"ceiling not identified: {head['why_not']}", fontsize=8, loc="left", wrap=True)
+  _legend_beside(ax)
   return ax
+
+
+def _legend_beside(ax) -> None:
+  """The legend to the right of the axes (off the data), the figure widened to hold it."""
+  fig = ax.figure
+  if fig.get_figwidth() < 10:
+    fig.set_figwidth(10.5)
+  ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
 
 
 def plot_comparison(runs: Sequence[RunFit], ax=None, c_max: Optional[float] = None):
@@ -111,7 +130,7 @@ def plot_comparison(runs: Sequence[RunFit], ax=None, c_max: Optional[float] = No
   ax.set_xscale("log")
   ax.set_xlabel(_x_label(runs))
   ax.set_ylabel("held-out pass rate")
-  ax.legend(fontsize=8, loc="lower right")
+  _legend_beside(ax)
   return ax
 
 
@@ -181,6 +200,6 @@ def save(fig, path) -> pathlib.Path:
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, bbox_inches="tight")  # the legend beside the axes included
   plt.close(fig)
   return path
