@@ -323,3 +323,23 @@ def test_lora_keys_other_than_rank_do_not_block_a_resume_without_adapters():
   assert fingerprint_changes(config_fingerprint(dataclasses.replace(on, lora=dataclasses.replace(on.lora, alpha=32.0))),
                              on) == ["lora.alpha: 32.0 -> 16.0"]
   assert fingerprint_changes(config_fingerprint(off), on) == ["lora.rank: 0 -> 8"]
+
+
+def test_a_warm_started_base_sits_on_the_trainer_mesh_fresh_and_resumed(tmp_path):
+  """The warm start hands back host arrays (trained, or from its cache); the base a LoRA run trains on, fresh and
+  rebuilt on a resume, lies on the trainer mesh in the train state's shardings (a multi-process step refuses host
+  arrays)."""
+  from tests.pipeline_helpers import tiny_job
+  keys = ["lora.rank=4", "pipeline.eval_every=0", "warm_start.enabled=true", "warm_start.max_steps=2",
+          "warm_start.eval_every=1", f"warm_start.cache_dir={tmp_path / 'ws'}"]
+  job = tiny_job(tmp_path / "run", *keys, "pipeline.steps=2")
+  job.run()
+  again = tiny_job(tmp_path / "run", *keys, "pipeline.steps=4")
+  again.setup()
+  try:
+    assert again.start_step == 2
+    for (path, x), want in zip(jax.tree_util.tree_leaves_with_path(again.state.params),
+                               jax.tree.leaves(again.parts.state_sh.params)):
+      assert isinstance(x, jax.Array) and x.sharding.is_equivalent_to(want, x.ndim), jax.tree_util.keystr(path)
+  finally:
+    again.release()

@@ -195,9 +195,7 @@ def initial_state(parts: Parts, stop: Callable[[], bool], progress: bool, summar
       if policy.lora is not None:
         base = base_params(parts, stop, progress, {})
         check_base(meta.base, base_record(cfg, base), parts.ckpt.directory / str(found[0]))
-        # on the trainer mesh as a fresh run's (a warm start's base comes back as host arrays)
-        state = dataclasses.replace(state, params=jax.device_put(lora.attach(base, state.params),
-                                                                 parts.state_sh.params))
+        state = dataclasses.replace(state, params=lora.attach(base, state.params))
       return state, meta
   params = start_params(parts, stop, progress, summary)
   return init_train_state(policy, parts.optimizer, layout, cfg.seed, params), None
@@ -256,6 +254,9 @@ def base_params(parts: Parts, stop: Callable[[], bool], progress: bool, summary:
       stop = lambda: next(calls) % every == 0 and vote()  # noqa: E731
     params, info = warm_start(cfg, base, layout, parts.task, parts.tokenizer, progress=progress, stop=stop)
     summary.update(info)
+    # host arrays (trained, or read from the cache): onto the trainer mesh, where a resume's base and a KL
+    # reference copy must be too (a multi-process step refuses host arrays)
+    params = jax.device_put(params, layout.shardings(base.logical_axes, base.param_shapes))
     if info.get("warm_start/stopped"):
       n = info["warm_start/steps"]
       raise Stopped(f"during the warm start ({n} supervised step{'s' * (n != 1)} taken, not cached: the next "

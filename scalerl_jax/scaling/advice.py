@@ -15,7 +15,9 @@ presenting A as a prediction): the fitted midpoint C_mid lies beyond the last fi
 bent inside the fit window), or A's interval runs into the prior's bound A <= 1 (A_BOUND; for a least-squares fit
 alone: its estimate does). On the CPU study's 16 runs cut at half their compute, each rule refuses 4 fits, all of
 runs still climbing (benchmarks/RESULTS.md, "Calibration on real runs"). No rule catches every early fit: a run
-whose last fitted points dip can look bent.
+whose last fitted points dip can look bent; such a fit often puts A below pass rates the run has already measured,
+and a third rule (`below_measured`) refuses it then: a point of the fitted part whose pass rate less two standard
+errors still exceeds A.
 """
 
 from __future__ import annotations
