@@ -96,6 +96,41 @@ def real_costs(model: str, ranks, accounted: list[dict]) -> list[dict]:
   return rows
 
 
+def train_memory(model: str, ranks) -> list[dict]:
+  """XLA's memory plan of the real model's train step (benchmarks/real_model.py's shapes and meshes) under full
+  fine-tuning and each rank, compiled, not run: the state's bytes (params + AdamW moments), and per device the
+  arguments, outputs (aliased: the donated state) and temporaries. Runs in this process: call it in a fresh one
+  (`--train-memory`), before anything else touches jax's devices."""
+  import dataclasses
+
+  import mfu
+  from real_model import load_model
+  from scalerl_jax import mesh as mesh_lib
+  from scalerl_jax.config import LoraConfig, absolute_paths, load_config
+  run = absolute_paths(load_config(ROOT / "configs" / "smollm2_cpu.yaml",
+                                   [f"model.pretrained={model}", f"data.tokenizer={model}"]))
+  jax.config.update("jax_num_cpu_devices", run.mesh.cpu_devices or 1)
+  trainer_devices, _ = mesh_lib.split_devices(run.mesh.generator_devices)
+  cfg, params = load_model(run)
+  r, t = run.rollout, run.trainer
+  P, G, L = run.data.prompts_per_step, run.data.samples_per_prompt, r.max_prefill_len
+  rows = []
+  for rank in (0, *ranks):
+    step, state, batch, _ = mfu.build(cfg, P, G, L + r.max_new_tokens, t.shared_prompt, mesh_spec=run.mesh.spec,
+                                      devices=trainer_devices, params=params, micro_batches=t.micro_batches,
+                                      prompt_width=L, lora=dataclasses.replace(run.lora, rank=rank))
+    stats = step.lower(state, batch).compile().memory_analysis()
+    nbytes = lambda tree: int(sum(x.nbytes for x in jax.tree.leaves(tree)))  # noqa: E731
+    rows.append({"setting": f"LoRA r{rank}" if rank else "full", "rank": rank, "devices": len(trainer_devices),
+                 "params_bytes": nbytes(state.params), "opt_state_bytes": nbytes(state.opt_state),
+                 "argument_bytes_per_device": int(stats.argument_size_in_bytes),
+                 "output_bytes_per_device": int(stats.output_size_in_bytes),
+                 "alias_bytes_per_device": int(stats.alias_size_in_bytes),
+                 "temp_bytes_per_device": int(stats.temp_size_in_bytes)})
+    del step, state, batch
+  return rows
+
+
 def learning(args) -> dict:
   """{setting: [run per seed]} of the CPU default, full and adapters."""
   settings = {"full": []}
@@ -133,9 +168,13 @@ def main() -> None:
   parser.add_argument("--real", metavar="MODEL", help="also measure the costs on this checkpoint (a Hugging Face "
                       "directory, a GGUF file or package:NAME) with benchmarks/real_model.py")
   parser.add_argument("--skip-learning", action="store_true", help="no learning runs (accounting, and --real)")
+  parser.add_argument("--train-memory", metavar="MODEL", help=argparse.SUPPRESS)  # --real's child: train_memory
   parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "lora.json"))
   parser.add_argument("overrides", nargs="*")
   args = parser.parse_args()
+  if args.train_memory:  # a child process of --real (train_memory: jax's devices untouched until then)
+    print(json.dumps(train_memory(args.train_memory, args.ranks)))
+    return
   table = [row for name, cfg in models().items() for row in accounting(name, cfg, args.ranks)]
   base = {row["model"]: row["params"] for row in table if row["rank"] == 0}
   print(f"{'model':22s} {'setting':10s} {'trainable':>14s} {'of base':>9s} {'Adam state':>14s} {'sync/publish':>13s}")
@@ -148,6 +187,15 @@ def main() -> None:
     from scalerl_jax.model.hf import hf_model_config
     path = package_checkpoint(args.real) if args.real.startswith("package:") else args.real
     real = real_costs(args.real, args.ranks, accounting("real", hf_model_config(path), args.ranks))
+    proc, _ = measured_run([sys.executable, __file__, "--train-memory", args.real, "--ranks", *map(str, args.ranks)],
+                           "the train step's memory plan")
+    memory = {m["rank"]: m for m in json.loads(proc.stdout.strip().splitlines()[-1])}
+    for row in real:
+      row["train_memory"] = m = memory[row["rank"]]
+      print(f"{args.real} {row['setting']:9s} train step state {(m['params_bytes'] + m['opt_state_bytes']) / 2 ** 20:.0f} "
+            f"MiB (params {m['params_bytes'] / 2 ** 20:.0f} + AdamW {m['opt_state_bytes'] / 2 ** 20:.0f}); per device "
+            f"of {m['devices']}: arguments {m['argument_bytes_per_device'] / 2 ** 20:.0f} MiB, temporaries "
+            f"{m['temp_bytes_per_device'] / 2 ** 20:.0f} MiB")
   runs = {} if args.accounting_only or args.skip_learning else learning(args)
   summary = {name: {k: spread([r[k] for r in rs], digits=6) for k in
                     ("final", "best", "greedy_final", "train_tokens_per_s", "sync_bytes", "sync_s", "peak_rss_gb")}
