@@ -56,15 +56,19 @@ def test_the_predictive_band_is_continuous_at_the_cut_off_and_smooth(which, lsq_
   assert np.all(b[1] - b[0] > 0)
 
 
-def test_the_ramp_reaches_the_calibrated_multiplier_at_ln_2():
+def test_the_conformal_band_ramps_in_over_ln_2_beyond_the_cut_off(lsq_run):
+  import dataclasses
   d = DISCREPANCY["paper"]
-  lo90, med, hi90 = np.full(3, 0.4), np.full(3, 0.5), np.full(3, 0.6)
-  dist = np.array([0.0, curves.RAMP / 2, curves.RAMP])
-  lo, hi = d.conformal(lo90, med, hi90, 0.9, dist)
-  full_lo, full_hi = d.conformal(lo90, med, hi90, 0.9)
-  assert hi[2] == pytest.approx(full_hi[2]) and lo[2] == pytest.approx(full_lo[2])
-  assert 0.6 == pytest.approx(hi[0], abs=1e-9)  # at the cut-off: the fit's own 90 % band (z = 1.645)
-  assert hi[0] < hi[1] < hi[2] and d.multiplier(0.9) > curves.Z90  # widening, as the scores ask
+  assert list(d.ramp([-1.0, 0.0, curves.RAMP / 2, curves.RAMP, 3.0])) == [0.0, 0.0, 0.5, 1.0, 1.0]
+  # the same fit without conformal scores: its band is the draws' own; with them the band widens beyond the cut-off
+  # (q_90 of the scores > 1.645), not at all at the cut-off, fully from ln 2 on
+  plain = dataclasses.replace(lsq_run.lsq, discrepancy=dataclasses.replace(d, scores=()))
+  c_cut = float(lsq_run.window.fit.compute[-1])
+  c = c_cut * np.array([1.0, np.sqrt(2.0), 2.0, 3.0])
+  width = lambda f: np.subtract(*f.band(c, 0.9, predictive=True)[::-1])  # noqa: E731
+  ratio = width(lsq_run.lsq) / width(plain)
+  assert ratio[0] == pytest.approx(1.0) and 1.0 < ratio[1] < ratio[2]
+  assert ratio[2] == pytest.approx(ratio[3], rel=0.1) and d.multiplier(0.9) > curves.Z90
 
 
 def test_one_headline_estimate_with_its_fitter_named_and_the_unit_in_the_report(lsq_run, bayes_run):

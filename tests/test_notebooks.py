@@ -15,7 +15,7 @@ _spec.loader.exec_module(build)
 
 # what each notebook must show (beyond matching its committed outputs)
 EXPECT = {
-    "bayesian_extrapolation": (("posterior: A=", "P(A1 > A2)", "covered"), 3),
+    "bayesian_extrapolation": (("NumPyro posterior median", "P(A1 > A2)", "the 90 % band"), 3),
     "recipe_comparison": (("A [90 % interval]", "P(A1 > A2) =", "common A =", "P(ceiling > target)"), 2),
 }
 

@@ -222,12 +222,12 @@ def format_report(s: dict) -> str:
   q = s.get("bayes")
   interval = lambda k, f: "" if q is None else f" [{q[k]['q05']:{f}}, {q[k]['q95']:{f}}]"  # noqa: E731
   if h["ceiling_identified"]:
-    lines.append(f"  ceiling A={h['A']:.3f}{interval('A', '.3f')}  B={h['B']:.2f}{interval('B', '.2f')}  "
-                 f"C_mid={h['C_mid']:.4g}{u}  R0={h['R0']:.3f}  ({h['fitter']}"
+    lines.append(f"  ceiling A={h['A']:.3f}{interval('A', '.3f')} B={h['B']:.2f}{interval('B', '.2f')} "
+                 f"C_mid={h['C_mid']:.4g}{u} R0={h['R0']:.3f} ({h['fitter']}"
                  + (", 5-95 % intervals" if q is not None else "") + ")")
   else:
     lines.append(f"  ceiling not identified: {h['why_not']}")
-    lines.append(f"  the fit's numbers, not a ceiling: A={h['A']:.3f}  B={h['B']:.2f}  C_mid={h['C_mid']:.4g}{u} "
+    lines.append(f"  the fit's numbers, not a ceiling: A={h['A']:.3f} B={h['B']:.2f} C_mid={h['C_mid']:.4g}{u} "
                  f"({h['fitter']})")
   if q is not None:  # the paper's procedure beside the headline
     lines.append(f"  paper least squares: A={s['A']:.3f} B={s['B']:.2f} C_mid={s['C_mid']:.4g}{u} "

@@ -232,9 +232,11 @@ class BayesFit:
         mu = mu + rng.normal(size=one) * np.sqrt(var)
     lo, med, hi = np.quantile(mu, [0.5 - level / 2, 0.5, 0.5 + level / 2], axis=0)
     if predictive and self.discrepancy.scores and np.any(sd > 0):
-      # conformal, widening from the fit's own band at the cut-off (curves.Discrepancy.conformal)
+      # conformal beyond the cut-off, ramping in from the draws' own band (curves.Discrepancy.ramp)
       lo90, hi90 = np.quantile(mu, [0.05, 0.95], axis=0)
-      lo, hi = self.discrepancy.conformal(lo90, med, hi90, level, self.discrepancy.distance(c, c_fit_last))
+      clo, chi = self.discrepancy.conformal(lo90, med, hi90, level)
+      w = self.discrepancy.ramp(self.discrepancy.distance(c, c_fit_last))
+      lo, hi = (1 - w) * lo + w * clo, (1 - w) * hi + w * chi
     return lo, med, hi
 
 

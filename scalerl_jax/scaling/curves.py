@@ -29,7 +29,6 @@ import dataclasses
 
 import numpy as np
 from scipy.special import expit
-from scipy.stats import norm
 
 
 Z90 = 1.6448536269514722  # the standard normal's 95th percentile
@@ -90,17 +89,19 @@ class Discrepancy:
     s = np.sort(np.asarray(self.scores, dtype=float))
     return float(s[min(int(np.ceil((s.size + 1) * level)), s.size) - 1])
 
-  def conformal(self, lo90, med, hi90, level: float, dist=None) -> tuple[np.ndarray, np.ndarray]:
-    """(lo, hi) at `level` from a band's 5 %, 50 % and 95 % points: med -/+ m * sd on the logit scale, sd = the
-    5-95 % width / (2 * 1.645). m = multiplier(level) at `dist` >= RAMP (the distance ln(C / the last fitted C) of
-    the calibration's extrapolations from half a run to its end; the default), the normal quantile of `level` at
-    dist <= 0 (inside the fit, where nothing is added), and linear in between: the band is continuous at the fit's
-    cut-off and exactly the calibrated one from RAMP on."""
+  def conformal(self, lo90, med, hi90, level: float) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) at `level` from a band's 5 %, 50 % and 95 % points: med -/+ multiplier(level) * sd on the logit
+    scale, sd = the 5-95 % width / (2 * 1.645)."""
     sd = logit_sd(lo90, hi90)
-    z = norm.ppf(0.5 + level / 2)
-    w = 1.0 if dist is None else np.clip(np.asarray(dist, dtype=float) / RAMP, 0.0, 1.0)
-    m = z + (self.multiplier(level) - z) * w
+    m = self.multiplier(level)
     return expit(logit(med) - m * sd), expit(logit(med) + m * sd)
+
+  @staticmethod
+  def ramp(dist) -> np.ndarray:
+    """The weight of the conformal band against the draws' own at distance `dist` = ln(C / the last fitted C): 0
+    inside the fit, 1 from RAMP on (the distance of the calibration's extrapolations, half a run to its end), linear
+    in between, so a band is continuous at the cut-off and exactly the calibrated one from RAMP on."""
+    return np.clip(np.asarray(dist, dtype=float) / RAMP, 0.0, 1.0)
 
   def as_dict(self) -> dict:
     return {"scale": self.scale, "power": self.power, "df": None if np.isinf(self.df) else self.df,

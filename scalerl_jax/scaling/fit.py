@@ -90,10 +90,12 @@ class LsqFit:
     e_fit, e_disc = band_draws(d, BAND_DRAWS)
     r = np.clip(mean[None, :] + np.sqrt(var)[None, :] * e_fit, 1e-6, 1 - 1e-6)
     draws = expit(logit(r) + e_disc * sd[None, :])
-    if d.scores:  # conformal, widening from the fit's own band at the cut-off (curves.Discrepancy.conformal)
-      lo90, hi90 = np.quantile(draws, [0.05, 0.95], axis=0)
-      return d.conformal(lo90, mean, hi90, level, d.distance(c, self.c_fit_last))
     lo, hi = np.quantile(draws, [0.5 - level / 2, 0.5 + level / 2], axis=0)
+    if d.scores:  # conformal beyond the cut-off, ramping in from the draws' own band (curves.Discrepancy.ramp)
+      lo90, hi90 = np.quantile(draws, [0.05, 0.95], axis=0)
+      clo, chi = d.conformal(lo90, mean, hi90, level)
+      w = d.ramp(d.distance(c, self.c_fit_last))
+      lo, hi = (1 - w) * lo + w * clo, (1 - w) * hi + w * chi
     return lo, hi
 
 
