@@ -106,7 +106,7 @@ def train_memory(model: str, ranks) -> list[dict]:
   import mfu
   from real_model import load_model
   from scalerl_jax import mesh as mesh_lib
-  from scalerl_jax.config import LoraConfig, absolute_paths, load_config
+  from scalerl_jax.config import absolute_paths, load_config
   run = absolute_paths(load_config(ROOT / "configs" / "smollm2_cpu.yaml",
                                    [f"model.pretrained={model}", f"data.tokenizer={model}"]))
   jax.config.update("jax_num_cpu_devices", run.mesh.cpu_devices or 1)

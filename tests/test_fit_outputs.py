@@ -41,7 +41,11 @@ def test_the_predictive_band_is_continuous_at_the_cut_off_and_smooth(which, lsq_
   run = lsq_run if which == "lsq" else bayes_run
   fitter = run.lsq if which == "lsq" else run.bayes
   assert fitter.discrepancy.scores and fitter.discrepancy.scale > 0  # the conformal band beyond the cut-off is on
-  edges = lambda c: (lambda b: np.stack([b[0], b[-1]]))(fitter.band(np.asarray(c, float), 0.9, predictive=True))
+
+  def edges(c):  # [lo, hi] x computes (the Bayesian band also returns its median, in the middle)
+    b = fitter.band(np.asarray(c, float), 0.9, predictive=True)
+    return np.stack([b[0], b[-1]])
+
   c_cut = float(run.window.fit.compute[-1])
   at, past = edges([c_cut, c_cut * (1 + 1e-6), c_cut * 3])[:, :2].T
   width = float(at[1] - at[0])

@@ -79,7 +79,7 @@ def below_measured(a: float, compute, reward, n_total, rmse: float) -> str:
 def ceiling_status(run) -> tuple[bool, str]:
   """(identified, why not): `ceiling_checks` on the NumPyro posterior when the run has one (median C_mid, the
   upper end of A's central `run.level` interval), else on the least-squares estimates; then `below_measured` on
-  every point the fit was given (R0's and the fit window's) against that fit's A (the median, or the estimate)."""
+  every point the run measured up to the last fitted compute against that fit's A (the median, or the estimate)."""
   c_cut = float(run.window.fit.compute[-1])  # the last fitted compute, as for a study's recipe
   if run.bayes is not None:
     hi = 0.5 + run.level / 2

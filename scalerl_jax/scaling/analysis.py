@@ -189,11 +189,10 @@ def summary(run: RunFit) -> dict:
             "error": predicted - run.measured_last, "band": [lo, hi], "level": run.level,  # predictive band
             "covered": bool(lo <= run.measured_last <= hi) if len(held) and lo is not None else None,
             "held_out_rmse": float(np.sqrt(np.mean((p(held.compute) - held.reward) ** 2))) if len(held) else None}
-  identified, why = advice_lib.ceiling_status(run)
+  head = headline(run)
   out = {"name": run.name, "n_points": len(run.points), "n_fit": len(w.fit), "n_held_out": len(held),
          "c_min": w.c_min, "c_cut": w.c_cut, "method": run.lsq.method, **p.as_dict(), "x_axis": run.points.x_axis,
-         "headline": headline(run),
-         "ceiling": {"identified": identified, "why_not": why},
+         "headline": head, "ceiling": {"identified": head["ceiling_identified"], "why_not": head["why_not"]},
          "residual": {"sse": run.lsq.sse, "rmse": run.lsq.rmse}, "extrapolation": extrap}
   if run.power is not None:
     out["power_law"] = {**run.power.params.as_dict(), "sse": run.power.sse}

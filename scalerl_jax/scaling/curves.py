@@ -33,7 +33,7 @@ from scipy.special import expit
 
 Z90 = 1.6448536269514722  # the standard normal's 95th percentile
 # the distance ln(C / the last fitted C) over which a conformal band widens from the fit's own to the calibrated one:
-# ln 2, a fit on the first half of a run's compute predicting its end (Discrepancy.conformal)
+# ln 2, a fit on the first half of a run's compute predicting its end (Discrepancy.ramp)
 RAMP = float(np.log(2.0))
 
 
