@@ -7,6 +7,7 @@ import pytest
 
 from tests.fixtures import make_fixtures
 from scalerl_jax.config import DataConfig, load_config
+from scalerl_jax.config.validate import validate_with_tokenizer
 from scalerl_jax.data.sources import DataError
 from scalerl_jax.data import word_problems
 from scalerl_jax.data.tasks import AdditionTask, CountdownTask, FileTask, WordProblems, make_task
@@ -71,8 +72,8 @@ def test_reference_solutions_score_one_and_fit_the_char_vocabulary(cls, knob):
 
 # the countdown budget configs/cpu_default.yaml names (the defaults, the CPU recipe's, are sized to addition)
 COUNTDOWN = ("data.task=countdown", "rollout.max_prefill_len=16", "rollout.prefill_buckets=[16]",
-             "rollout.max_new_tokens=24", "model.max_seq_len=40", "rollout.interruption.think_budget_min=14",
-             "rollout.interruption.think_budget_max=18", "rollout.interruption.answer_budget=8")
+             "rollout.max_new_tokens=24", "model.max_seq_len=40", "rollout.interruption.think_budget_min=13",
+             "rollout.interruption.think_budget_max=15", "rollout.interruption.answer_budget=8")
 
 
 @pytest.mark.parametrize("config, overrides, tasks", [
@@ -81,7 +82,9 @@ COUNTDOWN = ("data.task=countdown", "rollout.max_prefill_len=16", "rollout.prefi
     (REPO / "configs" / "cpu_default.yaml", COUNTDOWN, (AdditionTask, CountdownTask)),
 ])
 def test_builtin_prompts_and_solutions_fit_the_rollout_budget(config, overrides, tasks):
-  rollout, tok = load_config(config, overrides).rollout, CharTokenizer()
+  cfg, tok = load_config(config, overrides), CharTokenizer()
+  validate_with_tokenizer(cfg, tok)  # the interruption budget fits too
+  rollout = cfg.rollout
   for cls in tasks:
     task = _small(cls, 3)
     for rec in task.train_records():
