@@ -36,6 +36,7 @@ import dataclasses
 import glob
 import os
 import pathlib
+import sys
 import time
 from typing import Optional
 
@@ -44,6 +45,8 @@ from tqdm.auto import tqdm
 
 from scalerl_jax.scaling import advice
 from scalerl_jax.scaling import bayes as bayes_lib
+from scalerl_jax.scaling import prior as prior_lib
+from scalerl_jax.scaling.calibration import Calibration, save as save_calibration
 from scalerl_jax.scaling.curves import Discrepancy, logit, logit_sd
 from scalerl_jax.scaling.analysis import analyse, discrepancy_mle
 from scalerl_jax.scaling.io import DEFAULT_X, load_points
@@ -61,6 +64,7 @@ class Case:
   """One run fitted on one fraction with one c_min by one fitter, with the numbers its rows need."""
   run: str
   group: str  # the run's recipe (its parent directory), for the leave-one-recipe-out discrepancy
+  task: str  # the run's study (its recipe's parent directory): transfer is judged across tasks
   frac: float
   c_min_frac: float
   fitter: str
@@ -75,20 +79,27 @@ class Case:
   extra: dict
 
 
-def fit_cases(points, group: str, frac: float, c_min_frac: float, *, num_warmup: int, num_samples: int,
-              variants=VARIANTS) -> list[Case]:
-  """The paper's least-squares fit and one NumPyro fit per variant "R0/wander" of one run (discrepancy 0)."""
+GENERIC = Calibration("no calibration", {"paper": NONE, "numpyro": NONE})  # bands without any discrepancy
+
+
+def fit_cases(points, group: str, task: str, frac: float, c_min_frac: float, *, num_warmup: int, num_samples: int,
+              variants=VARIANTS, priors: Optional[dict] = None, a_max: Optional[dict] = None) -> list[Case]:
+  """The paper's least-squares fit and one NumPyro fit per variant "R0/wander" of one run (discrepancy 0); with
+  `priors` ({name: prior.CurvePrior}) also the first variant with each learned shape prior (fitter suffix
+  "+prior_<name>"), with `a_max` ({name: bound}) with each bound on A ("+<name>")."""
   c_last, final = float(points.compute[-1]), float(points.reward[-1])
   cases = []
-  for k, variant in enumerate(variants):
+  extra_fits = [(variants[0], f"+prior_{n}", dict(prior=p)) for n, p in (priors or {}).items()]
+  extra_fits += [(variants[0], f"+{n}", dict(a_max=b)) for n, b in (a_max or {}).items() if b is not None]
+  for k, (variant, suffix, kw) in enumerate([(v, "", {}) for v in variants] + extra_fits):
     bayes_r0, wander = variant.split("/")
     t0 = time.perf_counter()
     run = analyse(points, fit_upto=frac, c_min=c_min_frac * c_last, bayes=True, bayes_r0=bayes_r0,
-                  num_warmup=num_warmup, num_samples=num_samples, wander=wander, discrepancy=NONE)
+                  num_warmup=num_warmup, num_samples=num_samples, wander=wander, calibration=GENERIC, **kw)
     identified, why = advice.ceiling_status(run)
-    common = dict(run=points.name, group=group, frac=frac, c_min_frac=c_min_frac, final=final, c_last=c_last,
-                  distance=float(np.log(c_last / run.window.fit.compute[-1])), identified=identified, why_not=why,
-                  n_fit=len(run.window.fit), seconds=time.perf_counter() - t0)
+    common = dict(run=points.name, group=group, task=task, frac=frac, c_min_frac=c_min_frac, final=final,
+                  c_last=c_last, distance=float(np.log(c_last / run.window.fit.compute[-1])), identified=identified,
+                  why_not=why, n_fit=len(run.window.fit), seconds=time.perf_counter() - t0)
     if k == 0:  # the least-squares fit is the same in all; its ceiling judged from its own estimates
       ok, why_lsq = advice.ceiling_status(dataclasses.replace(run, bayes=None))
       cases.append(Case(fitter="paper", fit=run.lsq, extra={}, **{**common, "identified": ok, "why_not": why_lsq}))
@@ -96,7 +107,7 @@ def fit_cases(points, group: str, frac: float, c_min_frac: float, *, num_warmup:
     extra = {"likelihood": post.likelihood, "divergences": post.diagnostics["divergences"],
              **{f"{n}_median": float(np.median(post.samples[n])) for n in ("wander_sigma", "wander_ell")
                 if n in post.samples}}
-    cases.append(Case(fitter=f"numpyro_{bayes_r0}_r0_{wander}", fit=post, extra=extra, **common))
+    cases.append(Case(fitter=f"numpyro_{bayes_r0}_r0_{wander}{suffix}", fit=post, extra=extra, **common))
   return cases
 
 
@@ -142,8 +153,8 @@ def scores_of(cases: list[Case], discrepancy: Discrepancy) -> tuple:
 def rows_for(cases: list[Case], discrepancy: Discrepancy, mode: str) -> list[dict]:
   out = []
   for case in cases:
-    row = {k: getattr(case, k) for k in ("run", "group", "frac", "c_min_frac", "fitter", "final", "identified",
-                                          "why_not", "n_fit", "seconds")}
+    row = {k: getattr(case, k) for k in ("run", "group", "task", "frac", "c_min_frac", "fitter", "final",
+                                          "identified", "why_not", "n_fit", "seconds")}
     row.update(case.extra, mode=mode, discrepancy={**discrepancy.as_dict(), "scores": len(discrepancy.scores)})
     for level in LEVELS:
       lo, _, hi = band(case, level, discrepancy)
@@ -156,32 +167,52 @@ def rows_for(cases: list[Case], discrepancy: Discrepancy, mode: str) -> list[dic
 
 
 def calibrate(cases: list[Case]) -> tuple[list[dict], dict]:
-  """Rows for each (fitter, c_min) in five modes: no discrepancy; the discrepancy fitted on all runs (in
-  sample); leave one recipe out (each recipe's runs judged with the discrepancy fitted on the other recipes' runs:
-  the honest estimate for a new recipe); and the conformal band (scores of the runs cut at the same fraction)
-  in sample and leaving one recipe out. The discrepancy is fitted over all fit fractions together."""
+  """Rows for each (fitter, c_min) in these modes: no discrepancy; the discrepancy fitted on all runs (in sample);
+  leave one recipe out (each recipe's runs judged with the discrepancy fitted on the other recipes' runs of the
+  same task: the honest estimate for a new recipe); the conformal band (scores of the runs cut at the same
+  fraction) in sample and leaving one recipe out; and with runs of more than one task, transfer: each task's runs
+  judged with the discrepancy and scores of the other tasks' runs alone ("transfer"), or with the other tasks'
+  discrepancy and the scores of the same task's other recipes ("transfer, scores refitted"). The discrepancy is
+  fitted over all fit fractions together."""
   rows, fitted = [], {}
   by_key: dict = {}
   for c in cases:
     by_key.setdefault((c.fitter, c.c_min_frac), []).append(c)
+  fracs = sorted({c.frac for c in cases})
+  tasks = sorted({c.task for c in cases})
+
+  def conformal(judged, calib, disc, mode):
+    out = []
+    for frac in fracs:
+      conf = dataclasses.replace(disc, scores=scores_of([c for c in calib if c.frac == frac], disc))
+      out += rows_for([c for c in judged if c.frac == frac], conf, mode)
+    return out
+
   for (fitter, c_min), cs in by_key.items():
     k_all = fit_discrepancy(cs)
     key = f"{fitter} c_min={c_min}"
     fitted[key] = {"all": k_all}
-    rows += rows_for(cs, NONE, "none") + rows_for(cs, k_all, "fitted")
-    for frac in sorted({c.frac for c in cs}):
-      at = [c for c in cs if c.frac == frac]
-      conf = dataclasses.replace(k_all, scores=scores_of(at, k_all))
-      fitted[key][f"conformal frac={frac}"] = conf
-      rows += rows_for(at, conf, "conformal")
-    for g in sorted({c.group for c in cs}):
-      others = [c for c in cs if c.group != g]
-      k_g = fit_discrepancy(others)
-      fitted[key][f"without {g}"] = k_g
-      rows += rows_for([c for c in cs if c.group == g], k_g, "leave-one-recipe-out")
-      for frac in sorted({c.frac for c in cs}):
-        conf = dataclasses.replace(k_g, scores=scores_of([c for c in others if c.frac == frac], k_g))
-        rows += rows_for([c for c in cs if c.group == g and c.frac == frac], conf, "conformal, leave-one-out")
+    rows += rows_for(cs, NONE, "none") + rows_for(cs, k_all, "fitted") + conformal(cs, cs, k_all, "conformal")
+    for frac in fracs:
+      fitted[key][f"conformal frac={frac}"] = dataclasses.replace(
+          k_all, scores=scores_of([c for c in cs if c.frac == frac], k_all))
+    for task in tasks:
+      mine = [c for c in cs if c.task == task]
+      for g in sorted({c.group for c in mine}):
+        others = [c for c in mine if c.group != g]
+        k_g = fit_discrepancy(others)
+        fitted[key][f"without {task}/{g}"] = k_g
+        judged = [c for c in mine if c.group == g]
+        rows += rows_for(judged, k_g, "leave-one-recipe-out")
+        rows += conformal(judged, others, k_g, "conformal, leave-one-out")
+      if len(tasks) > 1:
+        elsewhere = [c for c in cs if c.task != task]
+        k_t = fit_discrepancy(elsewhere)
+        fitted[key][f"without task {task}"] = k_t
+        rows += rows_for(mine, k_t, "transfer, parametric") + conformal(mine, elsewhere, k_t, "transfer")
+        for g in sorted({c.group for c in mine}):
+          rows += conformal([c for c in mine if c.group == g], [c for c in mine if c.group != g], k_t,
+                            "transfer, scores refitted")
   return rows, fitted
 
 
@@ -206,6 +237,60 @@ def expand(paths) -> list[pathlib.Path]:
   return out
 
 
+def whole_run_fits(runs: dict, *, num_warmup: int, num_samples: int) -> dict:
+  """The NumPyro fit of each whole run (generic priors, no discrepancy): what the learned shape priors are
+  learned from. runs: path -> (points, group, task)."""
+  out = {}
+  for path, (points, _, _) in tqdm(runs.items(), desc="whole-run fits", unit="run"):
+    if points.c_per_step:
+      out[path] = analyse(points, fit_upto=1.0, bayes=True, num_warmup=num_warmup, num_samples=num_samples,
+                          calibration=GENERIC).bayes
+  return out
+
+
+def learned_priors(path: str, runs: dict, whole: dict) -> dict:
+  """The shape priors a run is fitted with in the measurement, never learned from its own recipe: "within", from
+  the other recipes of its task; "transfer", from the other tasks' runs."""
+  _, group, task = runs[path]
+
+  def learn(keep, name):
+    chosen = [p for p in whole if keep(runs[p])]
+    if len(chosen) < 2:
+      return None
+    return prior_lib.prior_from_fits([whole[p] for p in chosen], [runs[p][0].c_per_step for p in chosen], name)
+
+  out = {"within": learn(lambda r: r[2] == task and r[1] != group, f"{task} without {group}"),
+         "transfer": learn(lambda r: r[2] != task, f"tasks other than {task}")}
+  return {k: v for k, v in out.items() if v is not None}
+
+
+def write_calibration(path: str, cases: list[Case], fitter: str, runs: dict, whole: dict, use_prior: bool,
+                      x: str) -> Calibration:
+  """The calibration file analyse reads (scaling/calibration.py): per fitter ("paper" and `fitter` as "numpyro")
+  the discrepancy fitted on all the cases, with the conformal scores of the 50 % cuts (else of the largest cut),
+  and the shape prior learned from every whole run."""
+  disc = {}
+  for name, key in (("paper", "paper"), ("numpyro", fitter)):
+    cs = [c for c in cases if c.fitter == key and c.c_min_frac == 0.0]
+    if not cs:
+      raise SystemExit(f"calibration.py: --write-calibration: no cases of fitter {key!r} (see --variants)")
+    frac = 0.5 if any(c.frac == 0.5 for c in cs) else max(c.frac for c in cs)
+    k = fit_discrepancy(cs)
+    disc[name] = dataclasses.replace(k, scores=scores_of([c for c in cs if c.frac == frac], k))
+  tasks = sorted({t for _, _, t in runs.values()})
+  prior = (prior_lib.prior_from_fits(list(whole.values()), [runs[p][0].c_per_step for p in whole],
+                                     " + ".join(tasks)) if len(whole) >= 2 else None)
+  name = (f"{len(runs)} runs of {len({(t, g) for _, g, t in runs.values()})} recipes on "
+          f"{len(tasks)} task(s) ({', '.join(tasks)}), {round(100 * frac)} % cuts")
+  cal = Calibration(name, disc, prior, use_prior and prior is not None,
+                    {"command": " ".join(["python", "benchmarks/calibration.py", *sys.argv[1:]]),
+                     "date": time.strftime("%Y-%m-%d", time.gmtime()), "x": x, "cut": frac, "fitter": fitter,
+                     "runs": sorted(runs)})
+  save_calibration(cal, path)
+  print(f"wrote {path}: {cal.describe(cal.shape_prior)}")
+  return cal
+
+
 def main(argv=None) -> Optional[dict]:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("runs", nargs="+", help="run directories (or metrics.jsonl files); shell globs are expanded")
@@ -216,40 +301,59 @@ def main(argv=None) -> Optional[dict]:
                   help="NumPyro variants R0/wander: R0 fixed|free, wander none|iid|ou")
   ap.add_argument("--num-warmup", type=int, default=500)
   ap.add_argument("--num-samples", type=int, default=1000)
+  ap.add_argument("--prior", action="store_true", help="also fit the first variant with learned shape priors "
+                  "(whole-run fits of the other recipes of the task, and of the other tasks)")
+  ap.add_argument("--passk", type=int, nargs="*", default=[], metavar="K",
+                  help="also fit the first variant with A bounded by the step-0 evaluation's pass@K")
+  ap.add_argument("--write-calibration", metavar="FILE",
+                  help="write the calibration file analyse reads (scaling/calibration.py) from these runs")
+  ap.add_argument("--calibration-fitter", default="numpyro_free_r0_iid",
+                  help="the NumPyro fitter whose cases --write-calibration uses")
+  ap.add_argument("--use-prior", action="store_true",
+                  help="--write-calibration: the file's learned shape prior is used by default")
   ap.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results" / "calibration.json"))
   args = ap.parse_args(argv)
   from record import save_result  # benchmarks/record.py (this script's folder is on sys.path)
 
-  cases, skipped = [], {}
-  paths = expand(args.runs)
-  for path in tqdm(paths, desc="calibration", unit="run"):
+  cases, skipped, runs = [], {}, {}
+  for path in expand(args.runs):
     try:
       points = load_points(path, x=args.x)
     except CurveDataError as exc:
       skipped[str(path)] = str(exc)
       continue
-    points = dataclasses.replace(points, name=str(path))
-    group = path.parent.name if path.is_dir() else path.parent.parent.name
+    recipe_dir = path.parent if path.is_dir() else path.parent.parent
+    runs[str(path)] = (dataclasses.replace(points, name=str(path)), recipe_dir.name, recipe_dir.parent.name)
+  whole = (whole_run_fits(runs, num_warmup=args.num_warmup, num_samples=args.num_samples)
+           if args.prior or args.write_calibration else {})
+  bounds = {}
+  for path, (points, group, task) in tqdm(runs.items(), desc="calibration", unit="run"):
+    priors = learned_priors(path, runs, whole) if args.prior else {}
+    a_max = {f"passk{k}": prior_lib.bound_on_a(points.per_prompt[0] if points.per_prompt is not None else None,
+                                               points.samples_per_prompt, k) for k in args.passk}
+    bounds[path] = {"final": float(points.reward[-1]), **a_max}
     for frac in args.fracs:
       for c_min in args.c_min:
         try:
-          cases += fit_cases(points, group, frac, c_min, num_warmup=args.num_warmup, num_samples=args.num_samples,
-                             variants=args.variants)
+          cases += fit_cases(points, group, task, frac, c_min, num_warmup=args.num_warmup,
+                             num_samples=args.num_samples, variants=args.variants, priors=priors, a_max=a_max)
         except CurveDataError as exc:
           skipped[f"{path} frac={frac} c_min={c_min}"] = str(exc)
   rows, kappas = calibrate(cases)
   groups: dict = {}
   for r in rows:
     groups.setdefault((r["fitter"], r["mode"], r["frac"], r["c_min_frac"]), []).append(r)
+    if len({t for _, _, t in runs.values()}) > 1:  # per task as well
+      groups.setdefault((r["fitter"], f"{r['mode']} [{r['task']}]", r["frac"], r["c_min_frac"]), []).append(r)
   results = []
-  print(f"\n{'fitter':<24}{'discrepancy':<26}{'frac':>5}{'c_min':>6}{'runs':>5}{'med|err|':>9}{'bias':>7}"
+  print(f"\n{'fitter':<36}{'discrepancy':<44}{'frac':>5}{'c_min':>6}{'runs':>5}{'med|err|':>9}{'bias':>7}"
         f"{'cov50':>7}{'cov90':>7}{'wid90':>7}{'refused':>8}   identified only: {'runs':>4}{'cov50':>7}{'cov90':>7}")
   for (fitter, mode, frac, c_min), rs in sorted(groups.items()):
     a, b = summarize(rs), summarize(rs, identified_only=True)
     results.append({"fitter": fitter, "mode": mode, "frac": frac, "c_min_frac": c_min, "all": a, "identified": b,
                     "groups": len({r["group"] for r in rs})})
     tail = f"{b['runs']:>4}{100 * b['covered_50']:6.0f}%{100 * b['covered_90']:6.0f}%" if b["runs"] else f"{0:>4}"
-    print(f"{fitter:<24}{mode:<26}{frac:5.2f}{c_min:6.2f}{a['runs']:>5}{a['median_abs_err']:9.3f}"
+    print(f"{fitter:<36}{mode:<44}{frac:5.2f}{c_min:6.2f}{a['runs']:>5}{a['median_abs_err']:9.3f}"
           f"{a['mean_signed_err']:+7.3f}{100 * a['covered_50']:6.0f}%{100 * a['covered_90']:6.0f}%"
           f"{a['median_width_90']:7.3f}{a['refused']:>8}"
           f"   {' ' * 18}{tail}")
@@ -262,11 +366,21 @@ def main(argv=None) -> Optional[dict]:
         print(f"    {name}: scores={d.scores}")
   for k, v in skipped.items():
     print(f"skipped {k}: {v}")
+  if args.passk:  # how often the base policy's pass@k bounded the run's final pass rate
+    for k in args.passk:
+      vals = [(b[f"passk{k}"], b["final"]) for b in bounds.values() if b.get(f"passk{k}") is not None]
+      if vals:
+        print(f"pass@{k} at step 0 >= the final pass rate in {sum(a >= f for a, f in vals)} of {len(vals)} runs "
+              f"(median bound {np.median([a for a, _ in vals]):.3f}, median final {np.median([f for _, f in vals]):.3f})")
+  if args.write_calibration:
+    write_calibration(args.write_calibration, cases, args.calibration_fitter, runs, whole, args.use_prior, args.x)
   out = {"config": {**vars(args), "out": os.path.relpath(args.out, pathlib.Path(__file__).parents[1])},
          "goals": {"covered_90": "0.85 .. 0.95", "covered_50": "0.40 .. 0.60", "median_abs_err": "<= 0.03",
                    "runs": ">= 12 of >= 3 recipes, frac 0.5"},
          "discrepancy": {k: {g: v.as_dict() for g, v in d.items()} for k, d in kappas.items()},
-         "results": results, "rows": rows, "skipped": skipped}
+         "results": results, "rows": rows, "skipped": skipped, "passk_bounds": bounds,
+         "priors": {p: {k: v.as_dict() for k, v in learned_priors(p, runs, whole).items()} for p in runs}
+         if args.prior else {}}
   save_result(args.out, out)
   return out
 

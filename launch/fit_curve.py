@@ -3,7 +3,7 @@
   python launch/fit_curve.py INPUT [INPUT ...] [--x accelerator_seconds|accelerator_hours|flops|
                              generator_flops|steps] [--fit-upto 0.5]
                              [--c-min X] [--bayes] [--task T | --per-task] [--target R] [--json OUT]
-                             [--plot OUT.png]
+                             [--plot OUT.png] [--calibration FILE]
 
 INPUT: a run directory (metrics.jsonl or tensorboard events), a metrics .jsonl, or a CSV with columns
 compute,reward[,n_correct,n_total]. The first point of each input is its R0 measurement. With several inputs the
@@ -11,7 +11,9 @@ runs are also compared (A, P(A1 > A2) with --bayes, B at a common A when |A1 - A
 --target R adds early-stop advice: the probability that the run's ceiling A exceeds R and the compute at which it is
 predicted to reach R, with its interval (scaling/advice.py; from the posterior with --bayes). A mixed-task run
 (math + code) logs one held-out curve per task: `--task code` fits that one, `--per-task` fits
-every task of every input, compares them and plots them together.
+every task of every input, compares them and plots them together. --calibration FILE: the predictive bands'
+calibration and shape prior (scaling/calibration.py; default the shipped one, named in the report), e.g. one
+refitted on finished runs of your task by `python benchmarks/calibration.py RUNS --write-calibration FILE`.
 """
 
 import argparse
@@ -24,6 +26,7 @@ from scalerl_jax import scaling
 from scalerl_jax.config import CurveFitConfig
 from scalerl_jax.errors import UserError
 from scalerl_jax.logs import setup_logging
+from scalerl_jax.scaling import calibration as calibration_lib
 from scalerl_jax.scaling.advice import format_advice, target_advice
 
 
@@ -45,6 +48,8 @@ def parse_args(argv=None):
   p.add_argument("--target", type=float, metavar="R", help="early-stop advice for reaching pass rate R")
   p.add_argument("--json", metavar="OUT", help="write the fits as JSON")
   p.add_argument("--plot", metavar="OUT.png", help="save the fit (one input) or comparison (several) plot")
+  p.add_argument("--calibration", default=defaults.calibration, metavar="FILE",
+                 help="calibration file for the bands and prior (default: the shipped one)")
   p.add_argument("--verbose", action="store_true", help="also show the libraries' INFO logs (jax, numpyro, ...)")
   return p, p.parse_args(argv)
 
@@ -94,9 +99,10 @@ def main(argv=None) -> int:
               for task in (scaling.tasks_in(path) if args.per_task else args.task) or [""]]
     if args.per_task and all(not t for _, t in curves):
       fail("--per-task: no input logged per-task curves (eval/<task>/pass_rate); it is not a mixed-task run")
+    cal = calibration_lib.load(args.calibration)
     runs = [scaling.analyse(scaling.load_points(path, x=args.x, task=task), fit_upto=args.fit_upto,
                             c_min=args.c_min, method=args.method, bayes=args.bayes, num_warmup=args.samples // 2,
-                            num_samples=args.samples) for path, task in curves]
+                            num_samples=args.samples, calibration=cal) for path, task in curves]
   except UserError as e:
     fail(str(e))
   out = {"x": args.x, "fit_upto": args.fit_upto, "c_min": args.c_min, "runs": [scaling.summary(r) for r in runs]}

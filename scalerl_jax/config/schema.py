@@ -411,6 +411,10 @@ class CurveFitConfig(_Choices):
   # early-stop advice at every evaluation (predict/... metrics, pipeline/step_metrics.py TargetAdvisor): the
   # probability that the run's ceiling exceeds this pass rate and the compute at which it is reached; null = off
   target: Optional[float] = None
+  # the predictive bands' calibration and the NumPyro fit's shape prior (scalerl_jax/scaling/calibration.py): a
+  # file written by `python benchmarks/calibration.py RUNS --write-calibration FILE` on finished runs of your task;
+  # "" = the shipped one (fitted on the project's studies; the end-of-run report names which it used)
+  calibration: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,13 +54,14 @@ def final_report(cfg: RunConfig, summary: dict) -> str:
     try:
       from scalerl_jax.scaling import fit_run, format_report
       fit = fit_run(str(run_dir), x=cfg.curve_fit.x, fit_upto=cfg.curve_fit.fit_upto, c_min=cfg.curve_fit.c_min,
-                    bayes=cfg.curve_fit.bayes, plot=str(run_dir / "scaling_curve.png"), target=cfg.curve_fit.target)
+                    bayes=cfg.curve_fit.bayes, plot=str(run_dir / "scaling_curve.png"), target=cfg.curve_fit.target,
+                    calibration=cfg.curve_fit.calibration)
       (run_dir / "scaling_fit.json").write_text(json.dumps(fit, indent=2, default=str))
       lines.append(format_report(fit))
       lines.append(f"plot: {run_dir / 'scaling_curve.png'}")
       from scalerl_jax.scaling import fit_tasks
       per_task = fit_tasks(str(run_dir), x=cfg.curve_fit.x, fit_upto=cfg.curve_fit.fit_upto,
-                           c_min=cfg.curve_fit.c_min, bayes=cfg.curve_fit.bayes,
+                           c_min=cfg.curve_fit.c_min, bayes=cfg.curve_fit.bayes, calibration=cfg.curve_fit.calibration,
                            plot=str(run_dir / "scaling_curve_tasks.png"))
       if per_task:  # a mixed-task run: one curve per task, plotted together
         (run_dir / "scaling_fit_tasks.json").write_text(json.dumps(per_task, indent=2, default=str))

@@ -24,6 +24,7 @@ from scipy.stats import t as student_t
 
 from scalerl_jax.scaling import advice as advice_lib
 from scalerl_jax.scaling import bayes as bayes_lib
+from scalerl_jax.scaling import calibration as calibration_lib
 from scalerl_jax.scaling import fit as fit_lib
 from scalerl_jax.scaling.curves import Discrepancy
 from scalerl_jax.scaling.io import UNITS
@@ -38,18 +39,12 @@ BAYES_R0S = ("fixed", "free", "curve")  # curve: R0 a parameter fitted to the cu
 # The NumPyro model's wander term (bayes.WANDERS), chosen by calibration on real runs (benchmarks/RESULTS.md,
 # "Calibration on real runs": iid wander gave the NumPyro fit its smallest error at the halfway cut, 0.028).
 WANDER = "iid"
-# The predictive bands' model discrepancy beyond the fit (curves.Discrepancy), per fitter: scale and power are the
-# maximum-likelihood fit of benchmarks/calibration.py over the 16 runs of the CPU study (configs/studies/
-# loo_cpu.yaml) cut at 25 % and 50 % of their compute, on generator FLOPs; the conformal scores are those runs'
-# standardized errors at the 50 % cut, so a band from about half of a run's compute holds its final value at the
-# stated level (leaving one recipe out: 56 % of runs in the 50 % band, 94 % in the 90 % band). A sigmoid through
-# half a run is not its exact shape; refit these on finished runs of your own task (the benchmark prints them).
-DISCREPANCY = {
-    "paper": Discrepancy(scale=0.63, power=1.0, scores=(0.15, 0.16, 0.16, 0.16, 0.18, 0.19, 0.23, 0.26, 0.27, 0.44,
-                                                        0.64, 0.68, 1.24, 1.85, 2.15, 2.16)),
-    "numpyro": Discrepancy(scale=0.46, power=0.5, scores=(0.18, 0.24, 0.24, 0.31, 0.32, 0.33, 0.33, 0.34, 0.34, 0.43,
-                                                          0.54, 0.94, 1.10, 1.96, 1.96, 1.97)),
-}
+# The predictive bands' model discrepancy beyond the fit (curves.Discrepancy) per fitter, and the NumPyro fit's
+# shape prior: the shipped calibration (calibration.DEFAULT_PATH, written by benchmarks/calibration.py from the
+# project's studies; benchmarks/RESULTS.md, "Calibration on real runs"). A sigmoid through half a run is not its
+# exact shape; refit on finished runs of your own task with one command (calibration.py's docstring).
+CALIBRATION = calibration_lib.load()
+DISCREPANCY = CALIBRATION.discrepancy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +56,7 @@ class RunFit:
   power: Optional[fit_lib.PowerLawFit]
   bayes: Optional[bayes_lib.BayesFit]
   level: float = 0.9
+  calibration: str = ""  # calibration.Calibration.describe() of what the bands and prior came from
 
   @property
   def name(self) -> str:
@@ -79,7 +75,8 @@ def analyse(points: CurvePoints, *, fit_upto: float = 0.5, c_min: float = 0.0, m
             bayes: bool = False, fit_r0: bool = False, likelihood: str = "auto", num_warmup: int = 500,
             num_samples: int = 1000, seed: int = 0, level: float = 0.9, lsq_kwargs: Optional[dict] = None,
             bayes_r0: Optional[str] = None, wander: Optional[str] = None,
-            discrepancy: Optional[Discrepancy] = None) -> RunFit:
+            discrepancy: Optional[Discrepancy] = None, calibration: Optional[calibration_lib.Calibration] = None,
+            prior=None, c_per_step: Optional[float] = None, a_max: Optional[float] = None) -> RunFit:
   """Splits `points` (see `points.split`) and fits the window; R0 is fixed to the first point unless fit_r0.
 
   fit_r0 fits R0 as well (then the start point joins the fitted data, and method must be "free").
@@ -87,8 +84,16 @@ def analyse(points: CurvePoints, *, fit_upto: float = 0.5, c_min: float = 0.0, m
   alone, so the paper's least-squares procedure can keep R0 fixed while the posterior accounts for the noise of
   the one evaluation that measures it. `wander` (default WANDER): the NumPyro model's term for a run's own
   fluctuation off the smooth curve (bayes.WANDERS). `discrepancy`: the predictive bands' model discrepancy beyond
-  the fit window (curves.Discrepancy) for both fitters; default DISCREPANCY, per fitter.
+  the fit window (curves.Discrepancy) for both fitters; default: `calibration`'s, per fitter (default
+  CALIBRATION, the shipped one). `prior` (prior.CurvePrior, with the run's compute per RL step `c_per_step`;
+  default: the calibration's when it says use_prior) and `a_max` (an upper bound on A, e.g. the base policy's
+  pass@k) shape the NumPyro fit only; the paper's least squares stays the paper's.
   """
+  cal = calibration or CALIBRATION
+  c_per_step = c_per_step or points.c_per_step
+  given_prior = prior is not None
+  if not given_prior and c_per_step:
+    prior = cal.shape_prior
   bayes_r0 = bayes_r0 or ("free" if fit_r0 else BAYES_R0)
   if bayes_r0 not in BAYES_R0S:
     raise CurveDataError(f"bayes_r0 must be one of {BAYES_R0S}, got {bayes_r0!r}")
@@ -104,7 +109,7 @@ def analyse(points: CurvePoints, *, fit_upto: float = 0.5, c_min: float = 0.0, m
     lsq = fit_lib.fit_free(data.compute, data.reward, window.r0, fit_r0=fit_r0)
   if discrepancy is not None and not isinstance(discrepancy, Discrepancy):
     raise CurveDataError(f"discrepancy must be a curves.Discrepancy, got {discrepancy!r}")
-  disc = dict(DISCREPANCY) if discrepancy is None else dict.fromkeys(DISCREPANCY, discrepancy)
+  disc = dict(cal.discrepancy) if discrepancy is None else dict.fromkeys(cal.discrepancy, discrepancy)
   lsq = dataclasses.replace(lsq, discrepancy=disc["paper"], c_fit_last=float(window.fit.compute[-1]))
   try:
     power = fit_lib.fit_power_law(window.fit.compute, window.fit.reward)
@@ -115,9 +120,13 @@ def analyse(points: CurvePoints, *, fit_upto: float = 0.5, c_min: float = 0.0, m
     free = bayes_r0 == "free" and len(window.start) > 0
     post = bayes_lib.fit_bayes(join_points(window.start, window.fit) if free else window.fit, window.r0,
                                likelihood=likelihood, fit_r0=free or bayes_r0 == "curve", num_warmup=num_warmup, num_samples=num_samples,
-                               seed=seed, wander=wander or WANDER)
+                               seed=seed, wander=wander or WANDER, prior=prior, c_per_step=c_per_step,
+                               a_max=a_max)
     post = dataclasses.replace(post, discrepancy=disc["numpyro"])
-  return RunFit(points, window, lsq, power, post, level)
+  used = cal.describe(prior if post is not None else None, given_prior)
+  if discrepancy is not None:
+    used = "bands with a discrepancy given by the caller; " + used.split("; ", 1)[1]
+  return RunFit(points, window, lsq, power, post, level, used)
 
 
 DISCREPANCY_DFS = (1.0, 2.0, 3.0, 5.0, 10.0, 30.0, float("inf"))  # the degrees of freedom discrepancy_mle tries
@@ -193,7 +202,8 @@ def summary(run: RunFit) -> dict:
   out = {"name": run.name, "n_points": len(run.points), "n_fit": len(w.fit), "n_held_out": len(held),
          "c_min": w.c_min, "c_cut": w.c_cut, "method": run.lsq.method, **p.as_dict(), "x_axis": run.points.x_axis,
          "headline": head, "ceiling": {"identified": head["ceiling_identified"], "why_not": head["why_not"]},
-         "residual": {"sse": run.lsq.sse, "rmse": run.lsq.rmse}, "extrapolation": extrap}
+         "residual": {"sse": run.lsq.sse, "rmse": run.lsq.rmse}, "extrapolation": extrap,
+         "calibration": run.calibration}
   if run.power is not None:
     out["power_law"] = {**run.power.params.as_dict(), "sse": run.power.sse}
   if run.bayes is not None:
@@ -242,4 +252,6 @@ def format_report(s: dict) -> str:
                f"(error {predicted - e['measured']:+.3f}"
                + ("" if covered is None else f", {'inside' if covered else 'outside'} the "
                   f"{round(100 * e['level'])} % band") + ")")
+  if s.get("calibration"):
+    lines.append(f"  {s['calibration']}")
   return "\n".join(lines)

@@ -1,9 +1,10 @@
 """Bayesian fit of R(C) = R0 + (A - R0) * sigmoid(B (ln C - ln C_mid)) with NumPyro's NUTS.
 
 Priors (departing from the paper, which only reports least-squares point estimates):
-    A          = R0 + (1 - R0) * u,   u ~ Uniform(0, 1)           (A between R0 and 1)
+    A          = R0 + (a_max - R0) * u,   u ~ Uniform(0, 1)       (A between R0 and 1, or a pass@k bound a_max)
     ln B       ~ Normal(ln 1.5, 0.5)                               (Table 1: B in 1.09..2.44)
     ln C_mid   ~ Normal(m, s),  m = mid-point of ln C over the fitted points, s = max(1.5, that ln-range)
+    or, for ln B and ln C_mid, a prior learned from finished runs (prior.CurvePrior, `fit_bayes(prior=...)`)
     R0         fixed to the measured start (default), or ~ Uniform(0, 1) with fit_r0 (then C = 0 points inform it)
 Likelihoods, per evaluation point i with mean mu_i = R(C_i):
     gaussian      reward_i ~ Normal(mu_i, sigma),            sigma ~ HalfNormal(0.05)
@@ -38,6 +39,7 @@ from scipy.special import expit, gammaln
 
 from scalerl_jax.scaling.curves import Discrepancy, logit, sigmoid_curve
 from scalerl_jax.scaling.points import MIN_FIT_POINTS, CurveDataError, CurvePoints
+from scalerl_jax.scaling.prior import CurvePrior
 
 LIKELIHOODS = ("auto", "gaussian", "binomial", "betabinomial")
 WANDERS = ("none", "iid", "ou")
@@ -119,8 +121,8 @@ def sigmoid_model(d: Dict[str, jnp.ndarray], likelihood: str, fit_r0: bool, wand
   """One run (module docstring)."""
   r0 = numpyro.sample("R0", dist.Uniform(0.0, 1.0)) if fit_r0 else numpyro.deterministic("R0", d["r0"])
   u = numpyro.sample("u", dist.Uniform(0.0, 1.0))
-  a = numpyro.deterministic("A", r0 + (1 - r0) * u)
-  log_b = numpyro.sample("log_B", dist.Normal(*LOG_B_PRIOR))
+  a = numpyro.deterministic("A", r0 + (jnp.maximum(d["a_max"], r0) - r0) * u)  # a_max: 1, or a pass@k bound
+  log_b = numpyro.sample("log_B", dist.Normal(d["b_loc"], d["b_scale"]))
   log_m = numpyro.sample("log_C_mid", dist.Normal(d["loc"], d["scale"]))
   numpyro.deterministic("B", jnp.exp(log_b))
   numpyro.deterministic("C_mid", jnp.exp(log_m))
@@ -338,17 +340,24 @@ def _check_points(p: CurvePoints, fit_r0: bool):
 
 def fit_bayes(points: CurvePoints, r0: float, *, likelihood: str = "auto", fit_r0: bool = False,
               num_warmup: int = 500, num_samples: int = 1000, num_chains: int = 1, seed: int = 0,
-              wander: str = "none") -> BayesFit:
+              wander: str = "none", prior: Optional[CurvePrior] = None, c_per_step: Optional[float] = None,
+              a_max: Optional[float] = None) -> BayesFit:
   """Posterior of (A, B, C_mid[, R0]) for one run's fitted points (e.g. `Window.fit`) by NUTS.
 
-  With fit_r0, `points` may include the start point at C = 0, and `r0` is unused.
+  With fit_r0, `points` may include the start point at C = 0, and `r0` is unused. `prior` (prior.CurvePrior, with
+  the run's compute per RL step `c_per_step`) replaces the generic priors of ln B and ln C_mid by one learned from
+  finished runs; `a_max` bounds A from above (e.g. the base policy's pass@k, prior.bound_on_a).
   """
   _check_points(points, fit_r0)
   likelihood = _resolve(likelihood, [points])
   n_pad = -(-len(points) // PAD) * PAD
   data = _arrays(points, n_pad, likelihood)
-  loc, scale = _log_c_mid_prior([points])
-  data.update(r0=np.float32(r0), loc=np.float32(loc), scale=np.float32(scale))
+  loc, scale = _log_c_mid_prior([points]) if prior is None else prior.log_c_mid(c_per_step or 0.0)
+  b_loc, b_scale = LOG_B_PRIOR if prior is None else prior.log_b()
+  if a_max is not None and not 0.0 < a_max <= 1.0:
+    raise CurveDataError(f"the bound on A must lie in (0, 1], got {a_max!r}")
+  data.update(r0=np.float32(r0), loc=np.float32(loc), scale=np.float32(scale), b_loc=np.float32(b_loc),
+              b_scale=np.float32(b_scale), a_max=np.float32(1.0 if a_max is None else a_max))
   return _run("sigmoid", data, likelihood, fit_r0, num_warmup, num_samples, num_chains, seed, [points], wander)
 
 

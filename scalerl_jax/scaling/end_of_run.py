@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
+from scalerl_jax.scaling import calibration as calibration_lib
 from scalerl_jax.scaling.analysis import analyse, summary
 from scalerl_jax.scaling.io import DEFAULT_X, load_points, tasks_in
 from scalerl_jax.scaling.points import CurvePoints
@@ -15,15 +16,17 @@ from scalerl_jax.scaling.points import CurvePoints
 
 def fit_run(points: Union[CurvePoints, str], *, x: str = DEFAULT_X, fit_upto: float = 0.5,
             c_min: float = 0.0, bayes: bool = True, plot: Optional[str] = None, target: Optional[float] = None,
-            **kwargs) -> dict:
+            calibration: str = "", **kwargs) -> dict:
   """Fits one run and returns `summary` (JSON-ready); `plot` saves the fit plot there (with a `target` line).
 
   `points`: CurvePoints, or a run directory / CSV / metrics.jsonl read on the `x` axis ("accelerator_hours",
-  "accelerator_seconds" or "flops"). Other keyword arguments go to `analyse` (method, fit_r0, likelihood, ...).
+  "accelerator_seconds" or "flops"). `calibration`: a calibration file (scaling/calibration.py), "" for the
+  shipped one. Other keyword arguments go to `analyse` (method, fit_r0, likelihood, ...).
   """
   if not isinstance(points, CurvePoints):
     points = load_points(points, x=x)
-  run = analyse(points, fit_upto=fit_upto, c_min=c_min, bayes=bayes, **kwargs)
+  run = analyse(points, fit_upto=fit_upto, c_min=c_min, bayes=bayes, calibration=calibration_lib.load(calibration),
+                **kwargs)
   if plot:
     from scalerl_jax.scaling import plots  # matplotlib only when asked
     plots.save(plots.plot_fit(run, target=target).figure, plot)
@@ -31,12 +34,13 @@ def fit_run(points: Union[CurvePoints, str], *, x: str = DEFAULT_X, fit_upto: fl
 
 
 def fit_tasks(run_dir: str, *, x: str = DEFAULT_X, fit_upto: float = 0.5, c_min: float = 0.0, bayes: bool = True,
-              plot: Optional[str] = None, **kwargs) -> dict:
+              plot: Optional[str] = None, calibration: str = "", **kwargs) -> dict:
   """A mixed-task run: one fit per task's held-out curve (`tasks_in`), summaries keyed by task; `plot` draws every
   task's curve on one axis. {} for a single-task run."""
   tasks = tasks_in(run_dir)
-  runs = {t: analyse(load_points(run_dir, x=x, task=t), fit_upto=fit_upto, c_min=c_min, bayes=bayes, **kwargs)
-          for t in tasks}
+  cal = calibration_lib.load(calibration)
+  runs = {t: analyse(load_points(run_dir, x=x, task=t), fit_upto=fit_upto, c_min=c_min, bayes=bayes,
+                     calibration=cal, **kwargs) for t in tasks}
   if plot and runs:
     from scalerl_jax.scaling import plots
     plots.save(plots.plot_comparison(list(runs.values())).figure, plot)

@@ -157,7 +157,9 @@ def _from_records(records: List[dict], places: List[str], x: str, name: str, tas
                   for v, (_, w) in zip(per_prompt, evals)]
     spp = _number(evals[0][0]["eval/samples_per_prompt"], "eval/samples_per_prompt", evals[0][1], integer=True)
     counts.update(per_prompt=np.array(per_prompt, dtype=np.int64), samples_per_prompt=int(spp))
-  return CurvePoints(compute, reward, name=name, x_axis=x, **counts)
+  last_step = evals[-1][0].get("step")
+  per_step = float(compute[-1] / last_step) if isinstance(last_step, (int, float)) and last_step > 0 else None
+  return CurvePoints(compute, reward, name=name, x_axis=x, c_per_step=per_step, **counts)
 
 
 def _read_csv(path: pathlib.Path) -> CurvePoints:

@@ -45,6 +45,7 @@ class CurvePoints:
   samples_per_prompt: Optional[int] = None  # n of mean@n; needed with per_prompt
   name: str = ""
   x_axis: str = ""  # the compute unit: a key of io.X_AXES ("generator_flops", "flops", ...); "" when unknown
+  c_per_step: Optional[float] = None  # compute per RL step (the last point's compute / its step), when known
 
   def __post_init__(self):
     where = f"{self.name}: " if self.name else ""
@@ -105,7 +106,7 @@ class CurvePoints:
     """The sub-run at `index` (a boolean mask or integer indices, in increasing order)."""
     pick = lambda v: None if v is None else v[index]  # noqa: E731
     return CurvePoints(self.compute[index], self.reward[index], pick(self.n_correct), pick(self.n_total),
-                       pick(self.per_prompt), self.samples_per_prompt, self.name, self.x_axis)
+                       pick(self.per_prompt), self.samples_per_prompt, self.name, self.x_axis, self.c_per_step)
 
 
 @dataclasses.dataclass(frozen=True)
