@@ -269,7 +269,7 @@ def write_calibration(path: str, cases: list[Case], fitter: str, runs: dict, who
   """The calibration file analyse reads (scaling/calibration.py): per fitter ("paper" and `fitter` as "numpyro")
   the discrepancy fitted on all the cases, with the conformal scores of the 50 % cuts (else of the largest cut),
   and the shape prior learned from every whole run."""
-  disc = {}
+  disc, cut_scores = {}, {}
   for name, key in (("paper", "paper"), ("numpyro", fitter)):
     cs = [c for c in cases if c.fitter == key and c.c_min_frac == 0.0]
     if not cs:
@@ -277,6 +277,7 @@ def write_calibration(path: str, cases: list[Case], fitter: str, runs: dict, who
     frac = 0.5 if any(c.frac == 0.5 for c in cs) else max(c.frac for c in cs)
     k = fit_discrepancy(cs)
     disc[name] = dataclasses.replace(k, scores=scores_of([c for c in cs if c.frac == frac], k))
+    cut_scores[name] = {f: scores_of([c for c in cs if c.frac == f], k) for f in sorted({c.frac for c in cs})}
   tasks = sorted({t for _, _, t in runs.values()})
   prior = (prior_lib.prior_from_fits(list(whole.values()), [runs[p][0].c_per_step for p in whole],
                                      " + ".join(tasks)) if len(whole) >= 2 else None)
@@ -285,7 +286,7 @@ def write_calibration(path: str, cases: list[Case], fitter: str, runs: dict, who
   cal = Calibration(name, disc, prior, use_prior and prior is not None,
                     {"command": " ".join(["python", "benchmarks/calibration.py", *sys.argv[1:]]),
                      "date": time.strftime("%Y-%m-%d", time.gmtime()), "x": x, "cut": frac, "fitter": fitter,
-                     "runs": sorted(runs)})
+                     "runs": sorted(runs)}, cut_scores=cut_scores)
   save_calibration(cal, path)
   print(f"wrote {path}: {cal.describe(cal.shape_prior)}")
   return cal

@@ -118,6 +118,36 @@ for target in (0.7, 0.8, 0.9):
   hit = np.flatnonzero(full.reward >= target)
   print("    the run itself: " + (f"first measured >= {target} at C = {full.compute[hit[0]]:.3g}" if hit.size else
                                   f"never measured >= {target} (last {full.reward[-1]:.3f} at C = {full.compute[-1]:.3g})"))"""),
+    ("md", """## Does the first half rank the recipes as the end does?
+
+This is the paper's use of the fits: run every recipe to a modest budget, fit, and pick the winner before paying
+for the rest. We check it on these runs: each recipe fitted on the first half of its compute only, its ceiling
+and its predicted pass rate at the end of the budget, against what its runs measured there (the mean of each
+seed's last five evaluations: one evaluation's noise, about 0.01, would otherwise decide close pairs).
+`python benchmarks/ranking.py STUDY.yaml ...` does the same on whole studies (the table in
+`benchmarks/RESULTS.md`, "Recipe ranking from half of the compute")."""),
+    ("code", """half_fit = dict(fit, fit_upto=0.5)
+half = [study.fit_recipe(name, runs, half_fit, num_warmup=400, num_samples=800) for name, runs in points.items()]
+end = {name: np.mean([np.mean(p.reward[-5:]) for p in runs]) for name, runs in points.items()}
+print(f"{'recipe':<12} {'A, first half':>24} {'predicted at the end':>21} {'measured end':>13}")
+for f in half:
+  d = f.draws()
+  c_end = np.mean([p.compute[-1] for p in points[f.name]])
+  lo, med, hi = np.quantile(d["A"], [0.05, 0.5, 0.95])
+  pred = np.median(scaling.curves.sigmoid_curve(c_end, d["A"], d["B"], d["C_mid"], d["R0"]))
+  print(f"{f.name:<12} {med:.3f} [{lo:.3f}, {hi:.3f}] {pred:>21.3f} {end[f.name]:>13.3f}")
+half_table = study.recipe_table(half)
+for pair in study.compare_recipes(half):
+  (r1, r2), p = pair["recipes"], pair["p_A1_greater"]
+  side = r1 if end[r1] > end[r2] else r2
+  print(f"{r1} vs {r2}: from the half P(A1 > A2) = {p:.2f} ({study.resolved(pair, half_table)}); "
+        f"higher at the end: {side} (by {abs(end[r1] - end[r2]):.3f})")
+ranking = json.loads(pathlib.Path("../benchmarks/results/ranking.json").read_text())
+for r in ranking["studies"]:
+  rs = r["resolved_half"]
+  print(f"whole study {r['study']}: Spearman (A from the half vs the measured end) "
+        f"{r['spearman']['A_half vs measured end']:+.2f}; pairs resolved from the half {rs['pairs']} of {rs['of']}, "
+        f"{rs['same_side_measured']} of them on the measured end's side")"""),
     ("md", """## Reading it
 
 * A ceiling difference is real when $P(A_1 > A_2)$ is near 0 or 1 *and* each ceiling is identified (or the lower

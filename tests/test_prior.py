@@ -122,13 +122,21 @@ def test_a_pass_at_k_bound_caps_the_ceiling():
 def test_calibration_files_round_trip_name_themselves_in_the_report_and_fail_clearly(tmp_path):
   shipped = calibration.load()
   assert shipped.path == str(calibration.DEFAULT_PATH) and set(shipped.discrepancy) == {"paper", "numpyro"}
+  quarter, half = (3.0,) * 12, (0.5,) * 12
   mine = calibration.Calibration("my task's 12 runs", {k: d for k, d in shipped.discrepancy.items()},
-                                 CurvePrior(0.5, 0.2, 4.0, 0.3, 12, "mine"), True)
+                                 CurvePrior(0.5, 0.2, 4.0, 0.3, 12, "mine"), True,
+                                 cut_scores={"numpyro": {0.25: quarter, 0.5: half}})
   path = tmp_path / "cal.json"
   calibration.save(mine, path)
   back = calibration.load(path)
   assert back.name == mine.name and back.discrepancy == mine.discrepancy and back.prior == mine.prior
-  assert back.use_prior and back.shape_prior == mine.prior
+  assert back.use_prior and back.shape_prior == mine.prior and back.cut_scores == mine.cut_scores
+  # a fit is judged by the scores of runs cut nearest its own cut; a fitter without per-cut scores keeps its own
+  assert back.for_cut("numpyro", 0.3).scores == quarter and back.for_cut("numpyro", 0.45).scores == half
+  assert back.for_cut("paper", 0.25) == shipped.discrepancy["paper"]
+  full = synthetic_run(SigmoidParams(A=0.9, B=1.5, C_mid=60.0, R0=0.2), 240.0, n_evals=24, seed=0)
+  assert analyse(full, fit_upto=0.3, bayes=True, num_warmup=50, num_samples=50,
+                 calibration=back).bayes.discrepancy.scores == quarter
   pts = _quarter_run()
   report = format_report(summary(analyse(pts, fit_upto=0.6, calibration=back)))
   assert "bands calibrated on my task's 12 runs" in report and str(path) in report

@@ -109,7 +109,8 @@ def analyse(points: CurvePoints, *, fit_upto: float = 0.5, c_min: float = 0.0, m
     lsq = fit_lib.fit_free(data.compute, data.reward, window.r0, fit_r0=fit_r0)
   if discrepancy is not None and not isinstance(discrepancy, Discrepancy):
     raise CurveDataError(f"discrepancy must be a curves.Discrepancy, got {discrepancy!r}")
-  disc = dict(cal.discrepancy) if discrepancy is None else dict.fromkeys(cal.discrepancy, discrepancy)
+  disc = ({k: cal.for_cut(k, fit_upto) for k in cal.discrepancy} if discrepancy is None
+          else dict.fromkeys(cal.discrepancy, discrepancy))
   lsq = dataclasses.replace(lsq, discrepancy=disc["paper"], c_fit_last=float(window.fit.compute[-1]))
   try:
     power = fit_lib.fit_power_law(window.fit.compute, window.fit.reward)

@@ -4,6 +4,7 @@
      "discrepancy": {"paper": {...}, "numpyro": {...}},   curves.Discrepancy per fitter (scale, power, df, scores)
      "prior": {...} | null,               prior.CurvePrior learned from the same runs' whole-run fits
      "use_prior": bool,                   whether the NumPyro fit uses that prior (measured: RESULTS.md)
+     "cut_scores": {fitter: {cut: [...]}},  conformal scores per fit fraction (a fit uses the nearest cut's)
      "provenance": {...}}                 the command, date, machine and runs that made it
 
 The shipped default (`DEFAULT_PATH`, scalerl_jax/scaling/calibration_default.json) is written by
@@ -37,6 +38,16 @@ class Calibration:
   use_prior: bool = False
   provenance: dict = dataclasses.field(default_factory=dict)
   path: str = ""
+  cut_scores: dict = dataclasses.field(default_factory=dict)  # fitter -> {fit fraction: conformal scores}
+
+  def for_cut(self, fitter: str, fit_upto: float) -> Discrepancy:
+    """The fitter's discrepancy with the conformal scores of the runs cut nearest `fit_upto` (a band from a quarter
+    of a run is judged by quarter cuts); the default scores without per-cut ones."""
+    cuts = self.cut_scores.get(fitter)
+    if not cuts:
+      return self.discrepancy[fitter]
+    cut = min(cuts, key=lambda c: (abs(float(c) - fit_upto), -float(c)))
+    return dataclasses.replace(self.discrepancy[fitter], scores=tuple(cuts[cut]))
 
   @property
   def shape_prior(self) -> Optional[CurvePrior]:
@@ -55,6 +66,7 @@ class Calibration:
   def as_dict(self) -> dict:
     return {"name": self.name, "discrepancy": {k: d.as_dict() for k, d in self.discrepancy.items()},
             "prior": self.prior.as_dict() if self.prior else None, "use_prior": self.use_prior,
+            "cut_scores": {k: {str(c): list(v) for c, v in d.items()} for k, d in self.cut_scores.items()},
             "provenance": self.provenance}
 
 
@@ -77,7 +89,12 @@ def from_dict(d: dict, path: str = "") -> Calibration:
   prior = CurvePrior.from_dict(d["prior"]) if d.get("prior") else None
   if d.get("use_prior") and prior is None:
     raise CurveDataError(f"{where}: use_prior is true but the file holds no prior")
-  return Calibration(d["name"], disc, prior, bool(d.get("use_prior")), d.get("provenance", {}), path)
+  try:
+    cut_scores = {k: {float(c): tuple(float(x) for x in v) for c, v in cuts.items()}
+                  for k, cuts in (d.get("cut_scores") or {}).items()}
+  except (AttributeError, TypeError, ValueError) as e:
+    raise CurveDataError(f"{where}: cut_scores must map fitter -> fraction -> a list of numbers ({e})") from None
+  return Calibration(d["name"], disc, prior, bool(d.get("use_prior")), d.get("provenance", {}), path, cut_scores)
 
 
 @functools.lru_cache(maxsize=8)
