@@ -288,6 +288,7 @@ def write_calibration(path: str, cases: list[Case], fitter: str, runs: dict, who
                      "date": time.strftime("%Y-%m-%d", time.gmtime()), "x": x, "cut": frac, "fitter": fitter,
                      "runs": sorted(runs)}, cut_scores=cut_scores)
   save_calibration(cal, path)
+  cal = dataclasses.replace(cal, path=str(path))
   print(f"wrote {path}: {cal.describe(cal.shape_prior)}")
   return cal
 

@@ -13,10 +13,12 @@ with ceiling $A$, efficiency exponent $B$ and half-gain compute $C_{mid}$. This 
 
 1. fits a run on the **first half** of its compute — the paper's least-squares grid fit and a NumPyro posterior,
 2. extrapolates to the end of the run with a **90 % band** and checks it against what the run reached,
-3. compares **two recipes**: $P(A_1 > A_2)$, the paper's rule for comparing $B$, and where the curves cross.
+3. compares **two recipes**: $P(A_1 > A_2)$, the paper's rule for comparing $B$, and where the curves cross;
+4. on **real runs**: whether bands calibrated on one task hold on another, and what a prior learned from finished
+   runs does for a forecast from a quarter of the compute.
 
-The runs are synthetic, with known curves (paper Table 1), written in the trainer's `metrics.jsonl` format, so the
-truth is known and the notebook runs in well under two minutes on a CPU."""),
+The first runs are synthetic, with known curves (paper Table 1), written in the trainer's `metrics.jsonl` format, so
+the truth is known; the last section reads the project's own studies. It runs in about two minutes on a CPU."""),
     ("code", """import dataclasses
 import pathlib
 import tempfile
@@ -95,5 +97,64 @@ plt.show()"""),
     ("md", """Reading the result: the posterior says which ceiling is higher and how sure we are; when the ceilings are
 within the 0.02 margin, the common-$A$ refit (right: $\\ln F$ against $\\ln C$, slope $B$) says which recipe is more
 compute-efficient. With real runs, pass `--bayes` to `launch/fit_curve.py RUN_DIR1 RUN_DIR2` for the same numbers."""),
+    ("md", """## Real runs: is the band honest on a task it was not calibrated on?
+
+A sigmoid through half of a real run is not the run's exact shape, so beyond the fit the predictive band adds a
+**model discrepancy** and takes its width from the standardized errors ("scores") of finished runs cut at the same
+fraction (split conformal prediction). Those were fitted on runs of some task; a user's first run is on another.
+`benchmarks/calibration.py` measured this on two studies of the project's CPU policy — the leave-one-out recipes
+on 3-digit addition (`configs/studies/loo_cpu.yaml`) and on 4-digit addition (`configs/studies/addition4_cpu.yaml`),
+12 runs each — calibrating on one study and judging the other ("transfer"), against calibrating on the same
+study's other recipes ("leave one recipe out"). A band that holds the final value at its level but is 0.5 wide
+is honest and useless, so the width comes with the coverage."""),
+    ("code", """import json
+from scalerl_jax.scaling import calibration
+
+result = json.loads(pathlib.Path("../benchmarks/results/calibration_transfer.json").read_text())
+fitter = "numpyro_free_r0_iid"  # the default fit: R0 a parameter, iid wander
+print(f"{'cut':>4} {'calibrated on':<34} {'judged on':<11} {'runs':>4} {'med |err|':>9} {'in 50 %':>8} "
+      f"{'in 90 %':>8} {'90 % width':>10}")
+for frac in (0.5, 0.25):
+  for mode, label in (("conformal, leave-one-out", "the same study's other recipes"),
+                      ("transfer", "the other study")):
+    for task in ("study_cpu", "study_add4"):
+      r = next(r for r in result["results"] if r["fitter"] == fitter and r["frac"] == frac
+               and r["mode"] == f"{mode} [{task}]")["all"]
+      print(f"{frac:4.2f} {label:<34} {task:<11} {r['runs']:>4} {r['median_abs_err']:9.3f} {r['covered_50']:8.0%} "
+            f"{r['covered_90']:8.0%} {r['median_width_90']:10.2f}")
+print("\nthe fit's default:", calibration.load().describe())"""),
+    ("md", """## A quarter of the compute, and a prior learned from finished runs
+
+From a quarter of a run the curve has not bent yet: many sigmoids fit it, and the prediction of the end is poor.
+Finished runs know more: their $B$ and their $C_{mid}$ counted in RL steps (`scaling/prior.py`, learned from each
+whole run's posterior, net of its own uncertainty). Below, one run of the 4-digit study fitted on its first 25 %
+with the generic priors and with the prior learned from the *other* study's runs only (what the benchmark stored
+for it: never its own data), against what the run measured at its end."""),
+    ("code", """from scalerl_jax.scaling.prior import CurvePrior
+
+study = json.loads(pathlib.Path("data/study_add4.json").read_text())
+run_dir = pathlib.Path(tempfile.mkdtemp(prefix="add4_nb_")) / "scalerl_seed0"
+run_dir.mkdir()
+(run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in study["runs"]["scalerl/seed0"]["evals"]))
+run = scaling.load_points(run_dir, x=study["x"])
+learned = next(CurvePrior.from_dict(v["transfer"]) for k, v in result["priors"].items()
+               if k.endswith("study_add4/scalerl/seed0"))
+print("prior learned on the other study:", learned)
+fits_q = {}
+for label, prior in (("generic priors", None), ("learned prior", learned)):
+  fits_q[label] = scaling.analyse(run, fit_upto=0.25, bayes=True, num_warmup=400, num_samples=800, prior=prior)
+  lo, med, hi = (float(v[0]) for v in fits_q[label].bayes.band(run.compute[-1:], 0.9, predictive=True))
+  print(f"{label:<15} predicted at the end {med:.3f}, 90 % band [{lo:.3f}, {hi:.3f}]; measured {run.reward[-1]:.3f}")
+fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+for ax, (label, f) in zip(axes, fits_q.items()):
+  plots.plot_fit(f, ax=ax)
+  ax.set_title(f"first 25 %, {label}")
+plt.show()"""),
+    ("md", """Reading it: the learned prior says where a typical run of these recipes bends, which the first quarter of
+one run cannot; `benchmarks/RESULTS.md` ("A forecast from a quarter of the compute") measures over all 24 runs
+whether that helps, and whether it survives the move to another task. Refit the calibration (the bands' scores and
+the prior) on finished runs of your own task with one command:
+`python benchmarks/calibration.py "runs/my_study/*/seed*" --write-calibration my_cal.json`, then
+`curve_fit.calibration=my_cal.json` (or `launch/fit_curve.py RUN --calibration my_cal.json`)."""),
 ]
 

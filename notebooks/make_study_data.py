@@ -4,7 +4,8 @@
 
 From every RUN_DIR/metrics.jsonl of the study directory (layout <recipe>/seed<k>, as launch/study.py writes it) the
 evaluation lines only, with the keys the curve fit reads (step, compute, pass rate, correct and total counts),
-into notebooks/data/study_cpu.json (a few tens of kilobytes: the notebook ships with real data, not synthetic).
+into notebooks/data/study_cpu.json (a few tens of kilobytes: the notebook ships with real data, not synthetic), or
+--out (notebooks/data/study_add4.json: the 4-digit addition study, for bayesian_extrapolation).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def main(argv=None) -> pathlib.Path:
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps({
       "source": f"{len(runs)} runs of the study {meta.get('name', root.name)} ({meta.get('steps', '?')} steps each; "
-                "python launch/study.py configs/studies/loo_cpu.yaml)",
+                f"python launch/study.py configs/studies/{meta.get('name', 'loo_cpu')}.yaml)",
       "x": meta.get("fit", {}).get("x", "flops"), "runs": runs}, indent=None, separators=(",", ":")))
   print(f"wrote {out} ({out.stat().st_size // 1024} KiB, {len(runs)} runs)")
   return out
