@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from scalerl_jax import scaling
+import scalerl_jax.scaling.calibration  # noqa: F401  (scaling.calibration below)
 from scalerl_jax.scaling import synthetic
 from tests.cli_helpers import exit_error
 
@@ -320,3 +321,17 @@ def test_the_trainer_logs_advice_at_every_evaluation_once_enough_points_exist(tm
   assert final["predict/reached"] == int(run.reward.max() >= 0.58)
   if not final["predict/reached"]:
     assert final["predict/c_target_lo"] <= final["predict/c_target"] <= final["predict/c_target_hi"]
+
+
+def test_calibration_file_is_named_in_the_report_and_a_bad_one_is_a_clear_error(runs, tmp_path, capsys):
+  shipped = scaling.calibration.load()
+  mine = tmp_path / "mine.json"
+  scaling.calibration.save(scaling.calibration.Calibration("my own runs", shipped.discrepancy), mine)
+  assert cli.main([str(runs[0]), "--calibration", str(mine)]) == 0
+  n = len(shipped.discrepancy["numpyro"].scores)
+  assert f"bands calibrated on my own runs ({n} conformal scores; {mine})" in capsys.readouterr().out
+  assert cli.main([str(runs[0])]) == 0
+  assert "shipped default" in capsys.readouterr().out
+  assert "no such calibration file" in _error(capsys, [str(runs[0]), "--calibration", str(tmp_path / "none.json")])
+  (tmp_path / "bad.json").write_text('{"name": "x"}')
+  assert "a discrepancy for each of" in _error(capsys, [str(runs[0]), "--calibration", str(tmp_path / "bad.json")])
