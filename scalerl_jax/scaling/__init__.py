@@ -6,6 +6,8 @@
     fit.py        least squares: the paper's grid fit, a free bounded fit, the power law
     bayes.py      NumPyro NUTS posterior (gaussian / binomial / beta-binomial; hierarchical over seeds)
     analysis.py   one run end to end: analyse / summary / format_report
+    calibration.py the bands' discrepancy and conformal scores and the shape prior, as a file (shipped or refitted)
+    prior.py      a shape prior learned from finished runs; pass@k as a bound on A
     compare.py    P(A1 > A2), the paper's B rule at a common A, crossing computes
     plots.py      matplotlib figures (imported on demand)
     end_of_run.py fit_run / fit_tasks: the trainer's end-of-run fit (per task for mixed runs), plot, summary
