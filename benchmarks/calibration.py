@@ -312,7 +312,8 @@ def main(argv=None) -> Optional[dict]:
   ap.add_argument("--calibration-fitter", default="numpyro_free_r0_iid",
                   help="the NumPyro fitter whose cases --write-calibration uses")
   ap.add_argument("--use-prior", action="store_true",
-                  help="--write-calibration: the file's learned shape prior is used by default")
+                  help="--write-calibration: the file's learned shape prior is used by default (with --prior and "
+                  "without this, FILE_with_prior.json is written as well: the prior on, the scores of its fits)")
   ap.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results" / "calibration.json"))
   args = ap.parse_args(argv)
   from record import save_result  # benchmarks/record.py (this script's folder is on sys.path)
@@ -376,6 +377,11 @@ def main(argv=None) -> Optional[dict]:
               f"(median bound {np.median([a for a, _ in vals]):.3f}, median final {np.median([f for _, f in vals]):.3f})")
   if args.write_calibration:
     write_calibration(args.write_calibration, cases, args.calibration_fitter, runs, whole, args.use_prior, args.x)
+    if args.prior and not args.use_prior:  # the alternative, to choose between: the prior on, its fits' scores
+      alt = pathlib.Path(args.write_calibration)
+      which = "transfer" if len({t for _, _, t in runs.values()}) > 1 else "within"
+      write_calibration(str(alt.with_name(alt.stem + "_with_prior" + alt.suffix)), cases,
+                        f"{args.calibration_fitter}+prior_{which}", runs, whole, True, args.x)
   out = {"config": {**vars(args), "out": os.path.relpath(args.out, pathlib.Path(__file__).parents[1])},
          "goals": {"covered_90": "0.85 .. 0.95", "covered_50": "0.40 .. 0.60", "median_abs_err": "<= 0.03",
                    "runs": ">= 12 of >= 3 recipes, frac 0.5"},
