@@ -55,3 +55,6 @@ def test_write_calibration_writes_what_the_fit_reads(measured):
   assert set(cal.cut_scores["numpyro"]) == {0.5}
   assert cal.prior is not None and cal.prior.n_runs == 5 and not cal.use_prior
   assert "calibration.py" in cal.provenance["command"] and len(cal.provenance["runs"]) == 5
+  alt = calibration_lib.load(path.with_name("cal_with_prior.json"))  # the alternative: the prior on
+  assert alt.use_prior and alt.shape_prior == alt.prior and alt.provenance["fitter"].endswith("+prior_transfer")
+  assert alt.discrepancy["paper"] == cal.discrepancy["paper"]  # only the NumPyro fit takes the prior
