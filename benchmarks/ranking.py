@@ -2,7 +2,7 @@
 the end does?
 
   python benchmarks/ranking.py configs/studies/loo_cpu.yaml [configs/studies/addition4_cpu.yaml ...]
-                               [--frac 0.5] [--last 5]
+                               [--frac 0.5] [--last 5] [--out benchmarks/results/ranking_NAME.json]
 
 For each study (its runs finished by launch/study.py): every recipe is fitted as the study report fits it (the
 hierarchical NUTS fit over seeds, scaling/study.py) twice, on the first `--frac` of each run's compute and on all
@@ -33,6 +33,8 @@ from scipy.stats import spearmanr
 from scalerl_jax.scaling import study as study_lib
 from scalerl_jax.scaling.curves import sigmoid_curve
 from scalerl_jax.scaling.io import load_points
+
+GAP = 0.02  # the paper's margin on A: pairs that end closer than this have no crossing to observe
 
 
 def recipe_points(spec) -> dict:
@@ -111,7 +113,7 @@ def check_study(path: str, frac: float, last: int, num_warmup: int, num_samples:
     cross = p["crossover"]
     if cross.get("p_cross_in_range", 0) >= 0.5 and "median" in cross and cross["median"] <= max(c_last[a], c_last[b]):
       crossings.append({"recipes": [a, b], "predicted": cross["median"], "interval": [cross["lo"], cross["hi"]],
-                        "p_cross": cross["p_cross_in_range"],
+                        "p_cross": cross["p_cross_in_range"], "measured_gap": abs(end[a] - end[b]),
                         "observed": observed_crossing(pts[a], pts[b], max(cut[a], cut[b]), last)})
   resolved = [r for r in pairs if r["resolved_half"].startswith("yes")]
   out = {"study": spec.name, "frac": frac, "last": last, "recipes": table, "pairs": pairs, "crossings": crossings,
@@ -139,6 +141,8 @@ def print_study(r: dict) -> None:
         f"the measured end's side: {r['all_pairs_same_side_measured']} of {rs['of']}")
   for c in r["crossings"]:
     obs = f"{c['observed']:.3g}" if c["observed"] else "none observed"
+    if c.get("measured_gap", 1.0) < GAP:
+      obs += f" (the two end {c['measured_gap']:.3f} apart, within {GAP}: a crossing of curves this close is noise)"
     print(f"crossover {c['recipes'][0]} / {c['recipes'][1]}: predicted {c['predicted']:.3g} "
           f"[{c['interval'][0]:.3g}, {c['interval'][1]:.3g}] (P {c['p_cross']:.2f}), observed {obs}")
 

@@ -124,8 +124,8 @@ This is the paper's use of the fits: run every recipe to a modest budget, fit, a
 for the rest. We check it on these runs: each recipe fitted on the first half of its compute only, its ceiling
 and its predicted pass rate at the end of the budget, against what its runs measured there (the mean of each
 seed's last five evaluations: one evaluation's noise, about 0.01, would otherwise decide close pairs).
-`python benchmarks/ranking.py STUDY.yaml ...` does the same on whole studies (the table in
-`benchmarks/RESULTS.md`, "Recipe ranking from half of the compute")."""),
+`python benchmarks/ranking.py STUDY.yaml --out benchmarks/results/ranking_NAME.json` does the same on whole
+studies (the table in `benchmarks/RESULTS.md`, "Recipe ranking from half of the compute")."""),
     ("code", """half_fit = dict(fit, fit_upto=0.5)
 half = [study.fit_recipe(name, runs, half_fit, num_warmup=400, num_samples=800) for name, runs in points.items()]
 end = {name: np.mean([np.mean(p.reward[-5:]) for p in runs]) for name, runs in points.items()}
@@ -142,8 +142,8 @@ for pair in study.compare_recipes(half):
   side = r1 if end[r1] > end[r2] else r2
   print(f"{r1} vs {r2}: from the half P(A1 > A2) = {p:.2f} ({study.resolved(pair, half_table)}); "
         f"higher at the end: {side} (by {abs(end[r1] - end[r2]):.3f})")
-ranking = json.loads(pathlib.Path("../benchmarks/results/ranking.json").read_text())
-for r in ranking["studies"]:
+for name in ("loo_cpu", "addition4_cpu"):
+  r = json.loads(pathlib.Path(f"../benchmarks/results/ranking_{name}.json").read_text())["studies"][0]
   rs = r["resolved_half"]
   print(f"whole study {r['study']}: Spearman (A from the half vs the measured end) "
         f"{r['spearman']['A_half vs measured end']:+.2f}; pairs resolved from the half {rs['pairs']} of {rs['of']}, "

@@ -151,3 +151,26 @@ def test_calibration_files_round_trip_name_themselves_in_the_report_and_fail_cle
     calibration.load(bad)
   with pytest.raises(CurveDataError, match="no such calibration file"):
     calibration.load(tmp_path / "missing.json")
+
+
+def test_the_trainers_end_of_run_report_says_which_calibration_its_bands_used(tmp_path):
+  from scalerl_jax.config import load_config
+  from scalerl_jax.pipeline.report import final_report
+  from scalerl_jax.scaling.synthetic import write_run_dir
+  run_dir = tmp_path / "run"
+  write_run_dir(synthetic_run(SigmoidParams(A=0.9, B=1.5, C_mid=60.0, R0=0.2), 240.0, n_evals=12, seed=0), run_dir)
+  shipped = calibration.load()
+  report = final_report(load_config(None, [f"run_dir={run_dir}", "curve_fit.bayes=false"]), {"steps": 1200})
+  assert f"bands calibrated on {shipped.name}" in report and "shipped default" in report
+  mine = tmp_path / "mine.json"
+  calibration.save(calibration.Calibration("my runs", shipped.discrepancy), mine)
+  report = final_report(load_config(None, [f"run_dir={run_dir}", "curve_fit.bayes=false",
+                                           f"curve_fit.calibration={mine}"]), {"steps": 1200})
+  assert f"bands calibrated on my runs" in report and str(mine) in report
+  # a calibration file that is missing or malformed stops the run before it starts, not its report after
+  from scalerl_jax.config import ConfigError
+  with pytest.raises(ConfigError, match=r"curve_fit.calibration: .*none\.json: no such calibration file"):
+    load_config(None, [f"curve_fit.calibration={tmp_path / 'none.json'}"])
+  (tmp_path / "bad.json").write_text("[1, 2")
+  with pytest.raises(ConfigError, match=r"curve_fit.calibration: .*bad\.json: not JSON"):
+    load_config(None, [f"curve_fit.calibration={tmp_path / 'bad.json'}"])

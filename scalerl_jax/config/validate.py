@@ -9,6 +9,7 @@ import pathlib
 from typing import Any
 
 from scalerl_jax.config.schema import LORA_TARGETS, ConfigError, ModelConfig, RunConfig
+from scalerl_jax.errors import UserError
 
 
 def validate(cfg: RunConfig) -> RunConfig:
@@ -155,6 +156,12 @@ def validate(cfg: RunConfig) -> RunConfig:
   need(cfg.trainer.batch_buckets >= 1, "trainer.batch_buckets", "must be >= 1 (1: always the whole batch)")
   need(p.eval_samples > 0, "pipeline.eval_samples", "must be positive")
   need(0 < cfg.curve_fit.fit_upto <= 1, "curve_fit.fit_upto", "must be in (0, 1]")
+  if cfg.curve_fit.calibration:  # read now, not after the run: the end-of-run fit needs it
+    from scalerl_jax.scaling import calibration  # (scaling imports config: loaded on demand)
+    try:
+      calibration.load(cfg.curve_fit.calibration)
+    except UserError as e:
+      errors.append(f"curve_fit.calibration: {e}")
   need(cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1")
   need(cfg.checkpoint.every_steps > 0, "checkpoint.every_steps", "must be positive")
   need(p.eval_every >= 0, "pipeline.eval_every", "must be >= 0 (0 = no periodic evaluation)")
