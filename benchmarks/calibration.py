@@ -1,7 +1,8 @@
 """Calibration on real runs: does a run's early part predict its end?
 
   python benchmarks/calibration.py RUN_DIR [RUN_DIR ...] [--x generator_flops] [--fracs 0.25 0.5] [--c-min 0 0.05]
-                                   [--variants free/none free/iid free/ou]
+                                   [--variants free/none free/iid free/ou] [--prior] [--passk K ...]
+                                   [--write-calibration FILE [--use-prior]]
 
 For every finished run directory given (a study's runs, the learning-curve runs, any run): fit the held-out pass
 rate against compute on the first 25 % and 50 % of its compute (each --fracs value), with the paper's least-squares
@@ -23,8 +24,18 @@ bayes._observe), and compare with what the run measured at its end:
     as a refusal, and coverage is also given over the identified fits alone.
 Each --c-min value is the early-phase cut as a fraction of the run's last compute (the paper's c_min). Goals (issue
 20, over >= 12 runs of >= 3 recipes, 50 % fits): 90 % band covers 85-95 % of runs, 50 % band 40-60 %, median
-absolute error <= 0.03. The discrepancy fitted on all runs, with the scores of the 50 % cuts, is what
-analysis.DISCREPANCY ships (printed at the end).
+absolute error <= 0.03. The discrepancy fitted on all runs, with the scores of the 50 % cuts, is what a
+calibration file holds (printed at the end).
+
+Runs of more than one study (a run's study: its recipe directory's parent, e.g. runs/study_cpu/<recipe>/seed0)
+are also judged across studies: "transfer" calibrates each study's runs on the other studies' runs alone,
+"transfer, scores refitted" takes the other studies' discrepancy with the same study's conformal scores.
+--prior also fits the first variant with a shape prior (prior.CurvePrior) learned from the whole-run fits of the
+same study's other recipes ("+prior_within") and of the other studies ("+prior_transfer"); --passk K with A
+bounded by the step-0 evaluation's pass@K ("+passkK"), and prints how often that bound held the final value.
+--write-calibration FILE writes the calibration file the fit reads (scaling/calibration.py: the discrepancy and
+the conformal scores of every cut of --calibration-fitter and the paper's fitter, and the prior learned from every
+whole run), the one command that refits the bands on a new task's finished runs.
 
 Prints a table and writes benchmarks/results/calibration.json (with date, machine, command).
 """
@@ -360,7 +371,7 @@ def main(argv=None) -> Optional[dict]:
           f"{a['mean_signed_err']:+7.3f}{100 * a['covered_50']:6.0f}%{100 * a['covered_90']:6.0f}%"
           f"{a['median_width_90']:7.3f}{a['refused']:>8}"
           f"   {' ' * 18}{tail}")
-  print("\ndiscrepancy fitted on all runs (logit scale; what analysis.DISCREPANCY ships, with the conformal scores "
+  print("\ndiscrepancy fitted on all runs (logit scale; what a calibration file holds, with the conformal scores "
         "of the 50 % cuts):")
   for k, v in kappas.items():
     print(f"  {k}: {v['all']}")

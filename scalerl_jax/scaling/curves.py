@@ -54,7 +54,7 @@ class Discrepancy:
   run's early part is not the run's exact shape, and the error of its extrapolation grows with the distance
   d = ln(C / the last fitted C). At compute C the band adds scale * d^power times a Student-t(df) draw (df = inf:
   normal); nothing inside the fit. Fitted on finished runs by benchmarks/calibration.py (analysis.discrepancy_mle;
-  the shipped default, analysis.DISCREPANCY, on the CPU study's runs).
+  the shipped default, calibration_default.json, on the project's two studies).
 
   `scores` (optional) make the band conformal (split conformal prediction over runs): each is a finished run's
   |logit(final) - logit(prediction)| divided by the sd of its band (from its 90 % band, on the logit scale).
