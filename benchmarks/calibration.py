@@ -192,10 +192,13 @@ def calibrate(cases: list[Case]) -> tuple[list[dict], dict]:
   fracs = sorted({c.frac for c in cases})
   tasks = sorted({c.task for c in cases})
 
-  def conformal(judged, calib, disc, mode):
+  def conformal(judged, calib, disc, mode, keep=None):
+    """Rows of `judged` with `disc` made conformal by `calib`'s scores at each cut (into `keep`, by cut)."""
     out = []
     for frac in fracs:
       conf = dataclasses.replace(disc, scores=scores_of([c for c in calib if c.frac == frac], disc))
+      if keep is not None:
+        keep[f"conformal frac={frac}"] = conf
       out += rows_for([c for c in judged if c.frac == frac], conf, mode)
     return out
 
@@ -203,10 +206,8 @@ def calibrate(cases: list[Case]) -> tuple[list[dict], dict]:
     k_all = fit_discrepancy(cs)
     key = f"{fitter} c_min={c_min}"
     fitted[key] = {"all": k_all}
-    rows += rows_for(cs, NONE, "none") + rows_for(cs, k_all, "fitted") + conformal(cs, cs, k_all, "conformal")
-    for frac in fracs:
-      fitted[key][f"conformal frac={frac}"] = dataclasses.replace(
-          k_all, scores=scores_of([c for c in cs if c.frac == frac], k_all))
+    rows += (rows_for(cs, NONE, "none") + rows_for(cs, k_all, "fitted")
+             + conformal(cs, cs, k_all, "conformal", keep=fitted[key]))
     for task in tasks:
       mine = [c for c in cs if c.task == task]
       for g in sorted({c.group for c in mine}):
@@ -275,20 +276,20 @@ def learned_priors(path: str, runs: dict, whole: dict) -> dict:
   return {k: v for k, v in out.items() if v is not None}
 
 
-def write_calibration(path: str, cases: list[Case], fitter: str, runs: dict, whole: dict, use_prior: bool,
+def write_calibration(path: str, fitted: dict, fitter: str, runs: dict, whole: dict, use_prior: bool,
                       x: str) -> Calibration:
   """The calibration file analyse reads (scaling/calibration.py): per fitter ("paper" and `fitter` as "numpyro")
-  the discrepancy fitted on all the cases, with the conformal scores of the 50 % cuts (else of the largest cut),
-  and the shape prior learned from every whole run."""
+  the discrepancy `calibrate` fitted on all the cases (c_min 0), with the conformal scores of the 50 % cuts (else of
+  the largest cut) and those of every cut, and the shape prior learned from every whole run."""
   disc, cut_scores = {}, {}
   for name, key in (("paper", "paper"), ("numpyro", fitter)):
-    cs = [c for c in cases if c.fitter == key and c.c_min_frac == 0.0]
-    if not cs:
-      raise SystemExit(f"calibration.py: --write-calibration: no cases of fitter {key!r} (see --variants)")
-    frac = 0.5 if any(c.frac == 0.5 for c in cs) else max(c.frac for c in cs)
-    k = fit_discrepancy(cs)
-    disc[name] = dataclasses.replace(k, scores=scores_of([c for c in cs if c.frac == frac], k))
-    cut_scores[name] = {f: scores_of([c for c in cs if c.frac == f], k) for f in sorted({c.frac for c in cs})}
+    got = fitted.get(f"{key} c_min=0.0")
+    if got is None:
+      raise SystemExit(f"calibration.py: --write-calibration: no cases of fitter {key!r} at c_min 0 (see --variants)")
+    cuts = {float(k.split("=")[1]): d for k, d in got.items() if k.startswith("conformal frac=")}
+    frac = 0.5 if 0.5 in cuts else max(cuts)
+    disc[name] = cuts[frac]
+    cut_scores[name] = {f: d.scores for f, d in sorted(cuts.items())}
   tasks = sorted({t for _, _, t in runs.values()})
   prior = (prior_lib.prior_from_fits(list(whole.values()), [runs[p][0].c_per_step for p in whole],
                                      " + ".join(tasks)) if len(whole) >= 2 else None)
@@ -340,9 +341,9 @@ def main(argv=None) -> Optional[dict]:
     runs[str(path)] = (dataclasses.replace(points, name=str(path)), recipe_dir.name, recipe_dir.parent.name)
   whole = (whole_run_fits(runs, num_warmup=args.num_warmup, num_samples=args.num_samples)
            if args.prior or args.write_calibration else {})
-  bounds = {}
+  bounds, priors_of = {}, {}
   for path, (points, group, task) in tqdm(runs.items(), desc="calibration", unit="run"):
-    priors = learned_priors(path, runs, whole) if args.prior else {}
+    priors = priors_of[path] = learned_priors(path, runs, whole) if args.prior else {}
     a_max = {f"passk{k}": prior_lib.bound_on_a(points.per_prompt[0] if points.per_prompt is not None else None,
                                                points.samples_per_prompt, k) for k in args.passk}
     bounds[path] = {"final": float(points.reward[-1]), **a_max}
@@ -387,19 +388,18 @@ def main(argv=None) -> Optional[dict]:
         print(f"pass@{k} at step 0 >= the final pass rate in {sum(a >= f for a, f in vals)} of {len(vals)} runs "
               f"(median bound {np.median([a for a, _ in vals]):.3f}, median final {np.median([f for _, f in vals]):.3f})")
   if args.write_calibration:
-    write_calibration(args.write_calibration, cases, args.calibration_fitter, runs, whole, args.use_prior, args.x)
+    write_calibration(args.write_calibration, kappas, args.calibration_fitter, runs, whole, args.use_prior, args.x)
     if args.prior and not args.use_prior:  # the alternative, to choose between: the prior on, its fits' scores
       alt = pathlib.Path(args.write_calibration)
       which = "transfer" if len({t for _, _, t in runs.values()}) > 1 else "within"
-      write_calibration(str(alt.with_name(alt.stem + "_with_prior" + alt.suffix)), cases,
+      write_calibration(str(alt.with_name(alt.stem + "_with_prior" + alt.suffix)), kappas,
                         f"{args.calibration_fitter}+prior_{which}", runs, whole, True, args.x)
   out = {"config": {**vars(args), "out": os.path.relpath(args.out, pathlib.Path(__file__).parents[1])},
          "goals": {"covered_90": "0.85 .. 0.95", "covered_50": "0.40 .. 0.60", "median_abs_err": "<= 0.03",
                    "runs": ">= 12 of >= 3 recipes, frac 0.5"},
          "discrepancy": {k: {g: v.as_dict() for g, v in d.items()} for k, d in kappas.items()},
          "results": results, "rows": rows, "skipped": skipped, "passk_bounds": bounds,
-         "priors": {p: {k: v.as_dict() for k, v in learned_priors(p, runs, whole).items()} for p in runs}
-         if args.prior else {}}
+         "priors": {p: {k: v.as_dict() for k, v in pr.items()} for p, pr in priors_of.items() if pr}}
   save_result(args.out, out)
   return out
 

@@ -124,9 +124,8 @@ def analyse(points: CurvePoints, *, fit_upto: float = 0.5, c_min: float = 0.0, m
                                seed=seed, wander=wander or WANDER, prior=prior, c_per_step=c_per_step,
                                a_max=a_max)
     post = dataclasses.replace(post, discrepancy=disc["numpyro"])
-  used = cal.describe(prior if post is not None else None, given_prior)
-  if discrepancy is not None:
-    used = "bands with a discrepancy given by the caller; " + used.split("; ", 1)[1]
+  used = cal.describe(prior if post is not None else None, given_prior,
+                      "" if discrepancy is None else "bands with a discrepancy given by the caller")
   return RunFit(points, window, lsq, power, post, level, used)
 
 

@@ -54,14 +54,15 @@ class Calibration:
     """The prior the NumPyro fit uses: the learned one when `use_prior`, else None (the generic priors)."""
     return self.prior if self.use_prior else None
 
-  def describe(self, prior: Optional[CurvePrior] = None, given: bool = False) -> str:
-    """One line for a report: what the bands were calibrated on, and the shape prior the fit used (`prior`: a
-    learned one, this calibration's unless `given` by the caller; None: the generic priors)."""
+  def describe(self, prior: Optional[CurvePrior] = None, given: bool = False, bands: str = "") -> str:
+    """One line for a report: what the bands were calibrated on (or `bands`, when the caller set them), and the
+    shape prior the fit used (`prior`: a learned one, this calibration's unless `given` by the caller; None: the
+    generic priors)."""
     n = sum(len(d.scores) for d in self.discrepancy.values()) // max(len(self.discrepancy), 1)
     prior = ("generic shape prior" if prior is None else
              f"learned shape prior ({prior.n_runs} runs{', given by the caller' if given else ''})")
     where = "shipped default" if self.path == str(DEFAULT_PATH) else self.path or "in memory"
-    return f"bands calibrated on {self.name} ({n} conformal scores; {where}); {prior}"
+    return f"{bands or f'bands calibrated on {self.name} ({n} conformal scores; {where})'}; {prior}"
 
   def as_dict(self) -> dict:
     return {"name": self.name, "discrepancy": {k: d.as_dict() for k, d in self.discrepancy.items()},
