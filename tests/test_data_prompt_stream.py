@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import logging
 
 import pytest
 
@@ -166,3 +167,28 @@ def test_file_dataset_with_a_chat_template_end_to_end(tmp_path):
   assert len(batch) == 8 and all(len(p.tokens) <= 16 and p.tokens[-1] == tok.token_id("<|assistant|>") for p in batch)
   assert pipe.counts["truncated_prompts"] > 0
   assert not {p.text for p in batch} & {r.text for r in task.eval_records()}
+
+
+def test_npr_leaving_a_small_remainder_is_warned_once_per_threshold(caplog):
+  npr = NPRState(NPRConfig(threshold=0.9))
+  pipe = _pipe(npr=npr)
+  ids = [r.prompt_id for r in RECORDS]
+  with caplog.at_level(logging.WARNING, logger="scalerl_jax.data.prompt_stream"):
+    npr.update(ids[:19], [1.0] * 19)  # 21 of 40 left: more than half, no warning
+    _take(pipe, 6)
+    assert pipe.epoch == 1 and not caplog.records
+    npr.update(ids[19:31], [1.0] * 12)  # 9 left: under 1/2 and 1/4 at once: one warning, the smaller
+    _take(pipe, 3)
+    assert pipe.epoch == 2 and len(caplog.records) == 1
+    assert "removed 31 of the 40 training prompts: epoch 2 holds the 9 (22 %)" in caplog.records[0].getMessage()
+    _take(pipe, 3)  # epochs 3 and 4 with the same 9: warned already
+    assert pipe.epoch >= 3 and len(caplog.records) == 1
+    npr.update(ids[31:37], [1.0] * 6)  # 3 left: under 1/10
+    _take(pipe, 3)
+    assert len(caplog.records) == 2 and "holds the 3 (8 %)" in caplog.records[1].getMessage()
+  second = _pipe(npr=NPRState(NPRConfig(threshold=0.9)), process_index=1, process_count=2, batch_size=3)
+  second.npr.update(ids[:37], [1.0] * 37)
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger="scalerl_jax.data.prompt_stream"):
+    _take(second, 8)  # 20 prompts of epoch 0 on this process, then the epoch of 3: only process 0 warns
+  assert second.epoch >= 1 and not caplog.records
