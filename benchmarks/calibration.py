@@ -33,6 +33,10 @@ are also judged across studies: "transfer" calibrates each study's runs on the o
 --prior also fits the first variant with a shape prior (prior.CurvePrior) learned from the whole-run fits of the
 same study's other recipes ("+prior_within") and of the other studies ("+prior_transfer"); --passk K with A
 bounded by the step-0 evaluation's pass@K ("+passkK"), and prints how often that bound held the final value.
+--train-trend also fits the first variant on the held-out points together with the training pass rate
+("+train": train/pass_rate over the whole step batch, prompts_per_step x samples_per_prompt rollouts a step, pooled
+in windows of --train-window steps, each a point with its counts, up to the cut): ten times as many points,
+sampled on the training prompts rather than the held-out ones.
 --write-calibration FILE writes the calibration file the fit reads (scaling/calibration.py: the discrepancy and
 the conformal scores of every cut of --calibration-fitter and the paper's fitter, and the prior learned from every
 whole run), the one command that refits the bands on a new task's finished runs.
@@ -45,6 +49,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import glob
+import json
 import os
 import pathlib
 import sys
@@ -52,6 +57,7 @@ import time
 from typing import Optional
 
 import numpy as np
+import yaml
 from tqdm.auto import tqdm
 
 from scalerl_jax.scaling import advice
@@ -60,8 +66,8 @@ from scalerl_jax.scaling import prior as prior_lib
 from scalerl_jax.scaling.calibration import Calibration, save as save_calibration
 from scalerl_jax.scaling.curves import Discrepancy, logit, logit_sd
 from scalerl_jax.scaling.analysis import analyse, discrepancy_mle
-from scalerl_jax.scaling.io import DEFAULT_X, load_points
-from scalerl_jax.scaling.points import CurveDataError
+from scalerl_jax.scaling.io import DEFAULT_X, X_AXES, load_points
+from scalerl_jax.scaling.points import CurveDataError, CurvePoints
 
 LEVELS = (0.5, 0.9)
 
@@ -93,19 +99,61 @@ class Case:
 GENERIC = Calibration("no calibration", {"paper": NONE, "numpyro": NONE})  # bands without any discrepancy
 
 
+def training_rate(run_dir: pathlib.Path, x: str, window: int) -> Optional[CurvePoints]:
+  """The run's training pass rate as curve points: train/pass_rate of every step (all prompts_per_step x
+  samples_per_prompt rollouts of the step batch, read from the run's config.yaml) pooled over `window` consecutive
+  steps, at the windows' mean compute; None when the run logged none."""
+  key, factor = X_AXES[x]
+  cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+  per_step = int(cfg["data"]["prompts_per_step"]) * int(cfg["data"]["samples_per_prompt"])
+  rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+          if "train/pass_rate" in r and key in r and r.get("step")]
+  if not rows:
+    return None
+  steps = np.array([r["step"] for r in rows])
+  rate = np.array([r["train/pass_rate"] for r in rows])
+  comp = np.array([r[key] for r in rows], float) * factor
+  pts = []
+  for end in range(window, int(steps.max()) + 1, window):
+    sel = (steps > end - window) & (steps <= end)
+    if sel.any():
+      n = per_step * int(sel.sum())
+      pts.append((comp[sel].mean(), rate[sel].mean(), round(rate[sel].mean() * n), n))
+  c, r, k, n = (np.array(v) for v in zip(*pts))
+  return CurvePoints(c, r, k.astype(np.int64), n.astype(np.int64), name=f"{run_dir} [training pass rate]", x_axis=x)
+
+
+def with_training(points: CurvePoints, train: CurvePoints, c_cut: float) -> CurvePoints:
+  """The held-out points with the training-rate points up to `c_cut` merged in by compute (the counts of both; the
+  held-out points' per-prompt counts dropped: the training points have none)."""
+  keep = train.compute <= c_cut
+  compute = np.concatenate([points.compute, train.compute[keep]])
+  order = np.argsort(compute, kind="stable")
+  merged = lambda a, b: np.concatenate([a, b[keep]])[order]  # noqa: E731
+  return CurvePoints(compute[order], merged(points.reward, train.reward), merged(points.n_correct, train.n_correct),
+                     merged(points.n_total, train.n_total), name=points.name, x_axis=points.x_axis,
+                     c_per_step=points.c_per_step)
+
+
 def fit_cases(points, group: str, task: str, frac: float, c_min_frac: float, *, num_warmup: int, num_samples: int,
-              variants=VARIANTS, priors: Optional[dict] = None, a_max: Optional[dict] = None) -> list[Case]:
+              variants=VARIANTS, priors: Optional[dict] = None, a_max: Optional[dict] = None,
+              train: Optional[CurvePoints] = None) -> list[Case]:
   """The paper's least-squares fit and one NumPyro fit per variant "R0/wander" of one run (discrepancy 0); with
   `priors` ({name: prior.CurvePrior}) also the first variant with each learned shape prior (fitter suffix
-  "+prior_<name>"), with `a_max` ({name: bound}) with each bound on A ("+<name>")."""
+  "+prior_<name>"), with `a_max` ({name: bound}) with each bound on A ("+<name>"), with `train` (training_rate) on
+  the held-out and training points together ("+train")."""
   c_last, final = float(points.compute[-1]), float(points.reward[-1])
   cases = []
   extra_fits = [(variants[0], f"+prior_{n}", dict(prior=p)) for n, p in (priors or {}).items()]
   extra_fits += [(variants[0], f"+{n}", dict(a_max=b)) for n, b in (a_max or {}).items() if b is not None]
+  if train is not None:
+    extra_fits.append((variants[0], "+train", dict(points=with_training(points, train, frac * c_last))))
   for k, (variant, suffix, kw) in enumerate([(v, "", {}) for v in variants] + extra_fits):
     bayes_r0, wander = variant.split("/")
     t0 = time.perf_counter()
-    run = analyse(points, fit_upto=frac, c_min=c_min_frac * c_last, bayes=True, bayes_r0=bayes_r0,
+    kw = dict(kw)
+    fitted = kw.pop("points", points)  # (the merged points end where the run does: the same cut)
+    run = analyse(fitted, fit_upto=frac, c_min=c_min_frac * c_last, bayes=True, bayes_r0=bayes_r0,
                   num_warmup=num_warmup, num_samples=num_samples, wander=wander, calibration=GENERIC, **kw)
     identified, why = advice.ceiling_status(run)
     common = dict(run=points.name, group=group, task=task, frac=frac, c_min_frac=c_min_frac, final=final,
@@ -319,6 +367,9 @@ def main(argv=None) -> Optional[dict]:
                   "(whole-run fits of the other recipes of the task, and of the other tasks)")
   ap.add_argument("--passk", type=int, nargs="*", default=[], metavar="K",
                   help="also fit the first variant with A bounded by the step-0 evaluation's pass@K")
+  ap.add_argument("--train-trend", action="store_true",
+                  help="also fit the first variant with the training pass rate beside the held-out points (+train)")
+  ap.add_argument("--train-window", type=int, default=10, help="--train-trend: steps pooled into one point")
   ap.add_argument("--write-calibration", metavar="FILE",
                   help="write the calibration file analyse reads (scaling/calibration.py) from these runs")
   ap.add_argument("--calibration-fitter", default="numpyro_free_r0_iid",
@@ -347,11 +398,13 @@ def main(argv=None) -> Optional[dict]:
     a_max = {f"passk{k}": prior_lib.bound_on_a(points.per_prompt[0] if points.per_prompt is not None else None,
                                                points.samples_per_prompt, k) for k in args.passk}
     bounds[path] = {"final": float(points.reward[-1]), **a_max}
+    train = training_rate(pathlib.Path(path), args.x, args.train_window) if args.train_trend else None
     for frac in args.fracs:
       for c_min in args.c_min:
         try:
           cases += fit_cases(points, group, task, frac, c_min, num_warmup=args.num_warmup,
-                             num_samples=args.num_samples, variants=args.variants, priors=priors, a_max=a_max)
+                             num_samples=args.num_samples, variants=args.variants, priors=priors, a_max=a_max,
+                             train=train)
         except CurveDataError as exc:
           skipped[f"{path} frac={frac} c_min={c_min}"] = str(exc)
   rows, kappas = calibrate(cases)

@@ -58,3 +58,22 @@ def test_write_calibration_writes_what_the_fit_reads(measured):
   alt = calibration_lib.load(path.with_name("cal_with_prior.json"))  # the alternative: the prior on
   assert alt.use_prior and alt.shape_prior == alt.prior and alt.provenance["fitter"].endswith("+prior_transfer")
   assert alt.discrepancy["paper"] == cal.discrepancy["paper"]  # only the NumPyro fit takes the prior
+
+
+def test_training_rate_pools_windows_with_their_counts_and_merges_only_up_to_the_cut(tmp_path):
+  import json
+  (tmp_path / "config.yaml").write_text("data:\n  prompts_per_step: 4\n  samples_per_prompt: 2\n")
+  lines = [{"step": 0, "compute/generator_flops": 0.0, "eval/pass_rate": 0.2, "eval/n_correct": 2, "eval/n_total": 10}]
+  for step in range(1, 21):
+    lines.append({"step": step, "compute/generator_flops": 10.0 * step, "train/pass_rate": 0.25 if step <= 5 else 0.5})
+    if step % 5 == 0:
+      lines.append({"step": step, "compute/generator_flops": 10.0 * step, "eval/pass_rate": 0.3, "eval/n_correct": 3,
+                    "eval/n_total": 10})
+  (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+  train = bench.training_rate(tmp_path, "generator_flops", 5)
+  assert train.compute.tolist() == [30.0, 80.0, 130.0, 180.0]  # the mean compute of steps 1-5, 6-10, ...
+  assert train.n_total.tolist() == [40] * 4 and train.n_correct.tolist() == [10, 20, 20, 20]
+  held = bench.load_points(tmp_path, x="generator_flops")
+  both = bench.with_training(held, train, c_cut=100.0)
+  assert both.compute.tolist() == [0.0, 30.0, 50.0, 80.0, 100.0, 150.0, 200.0]  # training points up to the cut only
+  assert both.n_total.tolist() == [10, 40, 10, 40, 10, 10, 10] and both.compute[-1] == held.compute[-1]
