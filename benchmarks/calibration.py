@@ -20,8 +20,9 @@ bayes._observe), and compare with what the run measured at its end:
     of the runs cut at the same fraction, curves.Discrepancy), in sample and leaving one recipe out;
   * the median width of those bands (a conformal band holds the final value at about its level by construction,
     for exchangeable runs: its width is what the model contributes);
-  * whether the fit calls its ceiling identified (`advice.ceiling_status`): a fit that says it is not is counted
-    as a refusal, and coverage is also given over the identified fits alone.
+  * whether the fit calls its ceiling identified (its own verdict, `advice.lsq_ceiling_status` or
+    `posterior_ceiling_status`): a fit that says it is not is counted as a refusal, and coverage is also given
+    over the identified fits alone.
 Each --c-min value is the early-phase cut as a fraction of the run's last compute (the paper's c_min). Goals (issue
 20, over >= 12 runs of >= 3 recipes, 50 % fits): 90 % band covers 85-95 % of runs, 50 % band 40-60 %, median
 absolute error <= 0.03. The discrepancy fitted on all runs, with the scores of the 50 % cuts, is what a
@@ -155,12 +156,12 @@ def fit_cases(points, group: str, task: str, frac: float, c_min_frac: float, *, 
     fitted = kw.pop("points", points)  # (the merged points end where the run does: the same cut)
     run = analyse(fitted, fit_upto=frac, c_min=c_min_frac * c_last, bayes=True, bayes_r0=bayes_r0,
                   num_warmup=num_warmup, num_samples=num_samples, wander=wander, calibration=GENERIC, **kw)
-    identified, why = advice.ceiling_status(run)
+    identified, why = advice.posterior_ceiling_status(run)
     common = dict(run=points.name, group=group, task=task, frac=frac, c_min_frac=c_min_frac, final=final,
                   c_last=c_last, distance=float(np.log(c_last / run.window.fit.compute[-1])), identified=identified,
                   why_not=why, n_fit=len(run.window.fit), seconds=time.perf_counter() - t0)
     if k == 0:  # the least-squares fit is the same in all; its ceiling judged from its own estimates
-      ok, why_lsq = advice.ceiling_status(dataclasses.replace(run, bayes=None))
+      ok, why_lsq = advice.lsq_ceiling_status(run)
       cases.append(Case(fitter="paper", fit=run.lsq, extra={}, **{**common, "identified": ok, "why_not": why_lsq}))
     post = run.bayes
     extra = {"likelihood": post.likelihood, "divergences": post.diagnostics["divergences"],

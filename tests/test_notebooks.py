@@ -15,7 +15,7 @@ _spec.loader.exec_module(build)
 
 # what each notebook must show (beyond matching its committed outputs)
 EXPECT = {
-    "bayesian_extrapolation": (("NumPyro posterior median", "P(A1 > A2)", "the 90 % band", "the other study",
+    "bayesian_extrapolation": (("NumPyro posterior", "P(A1 > A2)", "the 90 % band", "the other study",
                                 "bands calibrated on", "prior learned on the other study"), 4),
     "recipe_comparison": (("A [90 % interval]", "P(A1 > A2) =", "common A =", "P(ceiling > target)",
                            "higher at the end:", "whole study addition4_cpu"), 2),

@@ -45,16 +45,17 @@ def _draws(run, n: int, seed: int) -> tuple[dict, str]:
 A_BOUND = 0.995  # an interval on A reaching this is held up by the prior's A <= 1, not by the data
 
 
-def ceiling_checks(c_mid: float, c_cut: float, a_hi: float) -> tuple[bool, str]:
+def ceiling_checks(c_mid: float, c_cut: float, a_hi: float, point: bool = False) -> tuple[bool, str]:
   """The refusal rules shared by one run's fit and a study's recipe fit: the ceiling is not identified when the
   midpoint C_mid (median) lies beyond the last fitted compute c_cut (the curve has not bent inside the data), or
-  when the upper end of A's interval (or the point estimate) reaches A_BOUND (the prior's A <= 1 holds it up)."""
+  when the upper end of A's interval (`point`: the estimate, for a fit without an interval) reaches A_BOUND (the
+  bound A <= 1 holds it up)."""
   if c_mid >= c_cut:
     return False, (f"not bent yet: the fitted midpoint C_mid={c_mid:.4g} lies beyond the last fitted compute "
                    f"{c_cut:.4g}, so the ceiling is a guess")
   if a_hi >= A_BOUND:
-    return False, (f"A's interval reaches {a_hi:.3f}: held up by the prior A <= 1, not by the points (the run "
-                   "still climbs)")
+    what = "A" if point else "A's interval"
+    return False, f"{what} reaches {a_hi:.3f}: held up by the bound A <= 1, not by the points (the run still climbs)"
   return True, ""
 
 
@@ -76,26 +77,41 @@ def below_measured(a: float, compute, reward, n_total, rmse: float) -> str:
           f"{len(over)} point(s) above A by more than 2 standard errors): the curve does not describe the run")
 
 
-def ceiling_status(run) -> tuple[bool, str]:
-  """(identified, why not): `ceiling_checks` on the NumPyro posterior when the run has one (median C_mid, the
-  upper end of A's central `run.level` interval), else on the least-squares estimates; then `below_measured` on
-  every point the run measured up to the last fitted compute against that fit's A (the median, or the estimate)."""
+def _status(run, c_mid: float, a: float, a_hi: float, point: bool) -> tuple[bool, str]:
   c_cut = float(run.window.fit.compute[-1])  # the last fitted compute, as for a study's recipe
-  if run.bayes is not None:
-    hi = 0.5 + run.level / 2
-    a = float(np.median(run.bayes.param("A")))
-    ok, why = ceiling_checks(float(np.median(run.bayes.param("C_mid"))), c_cut,
-                             float(np.quantile(run.bayes.param("A"), hi)))
-  else:
-    p = run.lsq.params
-    a = p.A
-    ok, why = ceiling_checks(p.C_mid, c_cut, p.A)
+  ok, why = ceiling_checks(c_mid, c_cut, a_hi, point)
   if ok:
     pts = run.points
     seen = pts.compute <= c_cut
     why = below_measured(a, pts.compute[seen], pts.reward[seen],
                          None if pts.n_total is None else pts.n_total[seen], run.lsq.rmse)
     ok = not why
+  return ok, why
+
+
+def lsq_ceiling_status(run) -> tuple[bool, str]:
+  """(identified, why not) by the least-squares fit alone: `ceiling_checks` on its C_mid and A (it has no interval
+  on A), then `below_measured` against its A on every point measured up to the last fitted compute."""
+  p = run.lsq.params
+  return _status(run, p.C_mid, p.A, p.A, point=True)
+
+
+def posterior_ceiling_status(run) -> tuple[bool, str]:
+  """(identified, why not) by the NumPyro posterior alone: `ceiling_checks` on its median C_mid and the upper end of
+  A's central `run.level` interval, then `below_measured` against A's median."""
+  a = run.bayes.param("A")
+  return _status(run, float(np.median(run.bayes.param("C_mid"))), float(np.median(a)),
+                 float(np.quantile(a, 0.5 + run.level / 2)), point=False)
+
+
+def ceiling_status(run) -> tuple[bool, str]:
+  """(identified, why not) of the headline estimate (the least-squares fit, analysis.HEADLINE): its own checks
+  (`lsq_ceiling_status`) and, when the run has a NumPyro posterior, the posterior's too (`posterior_ceiling_status`:
+  its interval on A must stay below the bound): a ceiling is reported only when both fits say the data hold it."""
+  ok, why = lsq_ceiling_status(run)
+  if ok and run.bayes is not None:
+    ok, why = posterior_ceiling_status(run)
+    why = f"the NumPyro posterior: {why}" if why else ""
   return ok, why
 
 

@@ -57,30 +57,31 @@ def _band(run: RunFit, grid: np.ndarray):
 def plot_fit(run: RunFit, ax=None, c_max: Optional[float] = None, color: str = "C0", label: str = "",
              target: Optional[float] = None):
   """Measured points (fitted: filled, held out: hollow, dropped below c_min: grey; each kind in the legend), the
-  headline fit's curve (`analysis.headline`: the posterior median with a NumPyro fit, else least squares), its
-  band, the predictive band of one evaluation (dashed: continuous and smooth through the cut-off), the
-  extrapolated region shaded, the cut-off marked, the ceiling A drawn and labelled only when the fit identifies
-  it, and a `target` pass rate when given. The legend sits beside the axes, off the data."""
+  headline fit's curve (`analysis.headline`: the paper's least squares) with its band, the NumPyro posterior's
+  median curve beside it when the run has one, the headline's predictive band of one evaluation (dashed:
+  continuous and smooth through the cut-off), the extrapolated region shaded, the cut-off marked, the ceiling A
+  drawn and labelled only when the fit identifies it, and a `target` pass rate when given. The legend sits beside
+  the axes, off the data."""
   ax = _axes(ax)
   w, name = run.window, label or _short(run.name) or "run"
   grid = _grid(run, c_max)
-  lo, hi = _band(run, grid)
+  lo, hi = run.lsq.band(grid, run.level)
   head = headline(run)
-  band_label = f"{run.level:.0%} " + ("posterior band" if run.bayes is not None else "band (delta method)")
   ax.axvspan(w.c_cut, grid[-1], color="0.93", zorder=0, label="extrapolated (beyond the fit)")
   ax.axvline(w.c_cut, color="0.5", ls="--", lw=1, label=f"fit cut-off C = {w.c_cut:.3g}")
   if w.c_min > 0:
     ax.axvline(w.c_min, color="0.7", ls=":", lw=1, label=f"c_min = {w.c_min:.3g}")
   if np.all(np.isfinite(lo)):
-    ax.fill_between(grid, lo, hi, color=color, alpha=0.2, lw=0, label=band_label)
-  curve = run.bayes.band(grid, run.level)[1] if run.bayes is not None else run.lsq.params(grid)
-  ax.plot(grid, curve, color=color, lw=2, label=f"{name}: {head['fitter']} (A = {head['A']:.3f}, B = {head['B']:.2f})")
-  if run.bayes is not None:  # the paper's least squares beside it, thin
-    ax.plot(grid, run.lsq.params(grid), color=color, lw=0.8, ls=":",
-            label=f"least squares (A = {run.lsq.params.A:.3f}, B = {run.lsq.params.B:.2f})")
-  plo, *_, phi = (run.bayes or run.lsq).band(grid, run.level, predictive=True)
-  if np.all(np.isfinite(plo)):  # where one evaluation should land: the mean's band plus its noise, the wander and,
-    # beyond the cut-off, the model discrepancy (curves.Discrepancy)
+    ax.fill_between(grid, lo, hi, color=color, alpha=0.2, lw=0, label=f"{run.level:.0%} band (delta method)")
+  ax.plot(grid, run.lsq.params(grid), color=color, lw=2,
+          label=f"{name}: {head['fitter']} (A = {head['A']:.3f}, B = {head['B']:.2f})")
+  if run.bayes is not None:  # the posterior's median curve beside it, thin
+    a, b = (float(np.median(run.bayes.param(k))) for k in ("A", "B"))
+    ax.plot(grid, run.bayes.band(grid, run.level)[1], color=color, lw=0.8, ls=":",
+            label=f"NumPyro posterior median (A = {a:.3f}, B = {b:.2f})")
+  plo, *_, phi = run.lsq.band(grid, run.level, predictive=True)
+  if np.all(np.isfinite(plo)):  # where one evaluation should land: the mean's band plus its noise and, beyond the
+    # cut-off, the model discrepancy (curves.Discrepancy)
     ax.plot(grid, plo, color=color, lw=0.8, ls="--", label=f"{run.level:.0%} predictive band (one evaluation)")
     ax.plot(grid, phi, color=color, lw=0.8, ls="--")
   pts = run.points
