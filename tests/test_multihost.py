@@ -23,6 +23,10 @@ from tests.pipeline_helpers import TINY, read_consumed, read_jsonl, read_metrics
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIMEOUT_S = 300  # one two-process run; they take 10-30 s on 2 idle cores
+# jax's heartbeat only matters for a process killed outright, which no test here does (a failing one writes the
+# abort record); 30 s was too short on a loaded 2-core CI machine: all three processes of the three-process test were
+# declared dead 89 s into their run (2026-12-03) while the same test passed alone in 39 s.
+HEARTBEAT_S = 120
 
 
 def _free_ports(n: int) -> list[int]:
@@ -46,7 +50,7 @@ def run_processes(run_dir, *overrides, env_of=None, extra_of=None, timeout=TIMEO
                PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **(env_of(i) if env_of else {}))
     cmd = [sys.executable, str(ROOT / "launch" / "train.py"), "--coordinator", f"127.0.0.1:{coordinator}",
            "--num-processes", str(n), "--process-id", str(i), "--transfer-host", "127.0.0.1",
-           "--heartbeat-timeout", "30", f"run_dir={run_dir}", *TINY, *overrides, *(extra_of(i) if extra_of else [])]
+           "--heartbeat-timeout", str(HEARTBEAT_S), f"run_dir={run_dir}", *TINY, *overrides, *(extra_of(i) if extra_of else [])]
     procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   start_new_session=True))
   out = []
