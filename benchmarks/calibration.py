@@ -103,7 +103,7 @@ GENERIC = Calibration("no calibration", {"paper": NONE, "numpyro": NONE})  # ban
 def training_rate(run_dir: pathlib.Path, x: str, window: int) -> Optional[CurvePoints]:
   """The run's training pass rate as curve points: train/pass_rate of every step (all prompts_per_step x
   samples_per_prompt rollouts of the step batch, read from the run's config.yaml) pooled over `window` consecutive
-  steps, at the windows' mean compute; None when the run logged none."""
+  steps, at the windows' mean compute; None when it logged none or fewer than `window` steps."""
   key, factor = X_AXES[x]
   cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
   per_step = int(cfg["data"]["prompts_per_step"]) * int(cfg["data"]["samples_per_prompt"])
@@ -120,6 +120,8 @@ def training_rate(run_dir: pathlib.Path, x: str, window: int) -> Optional[CurveP
     if sel.any():
       n = per_step * int(sel.sum())
       pts.append((comp[sel].mean(), rate[sel].mean(), round(rate[sel].mean() * n), n))
+  if not pts:
+    return None
   c, r, k, n = (np.array(v) for v in zip(*pts))
   return CurvePoints(c, r, k.astype(np.int64), n.astype(np.int64), name=f"{run_dir} [training pass rate]", x_axis=x)
 
@@ -152,10 +154,10 @@ def fit_cases(points, group: str, task: str, frac: float, c_min_frac: float, *, 
   for k, (variant, suffix, kw) in enumerate([(v, "", {}) for v in variants] + extra_fits):
     bayes_r0, wander = variant.split("/")
     t0 = time.perf_counter()
-    kw = dict(kw)
-    fitted = kw.pop("points", points)  # (the merged points end where the run does: the same cut)
-    run = analyse(fitted, fit_upto=frac, c_min=c_min_frac * c_last, bayes=True, bayes_r0=bayes_r0,
-                  num_warmup=num_warmup, num_samples=num_samples, wander=wander, calibration=GENERIC, **kw)
+    # (+train's merged points end where the run does: the same cut)
+    run = analyse(**{"points": points, **kw}, fit_upto=frac, c_min=c_min_frac * c_last, bayes=True,
+                  bayes_r0=bayes_r0, num_warmup=num_warmup, num_samples=num_samples, wander=wander,
+                  calibration=GENERIC)
     identified, why = advice.posterior_ceiling_status(run)
     common = dict(run=points.name, group=group, task=task, frac=frac, c_min_frac=c_min_frac, final=final,
                   c_last=c_last, distance=float(np.log(c_last / run.window.fit.compute[-1])), identified=identified,

@@ -111,7 +111,8 @@ def ceiling_status(run) -> tuple[bool, str]:
   ok, why = lsq_ceiling_status(run)
   if ok and run.bayes is not None:
     ok, why = posterior_ceiling_status(run)
-    why = f"the NumPyro posterior: {why}" if why else ""
+    if not ok:
+      why = f"the NumPyro posterior: {why}"
   return ok, why
 
 
